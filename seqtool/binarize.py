@@ -1,0 +1,176 @@
+"""Parallel text -> memory-mapped token arrays.
+
+Owns DATA_DIR: for each split and language a flat token array SPLIT.LANG.bin (uint16 when the
+vocabulary fits, else int32) and its int64 offsets SPLIT.LANG.idx (n + 1 entries), plus
+meta.json and a copy of the tokenizer. Streams both sides in chunks, so memory stays flat as the
+corpus grows; --workers encodes chunks in several processes while the parent writes in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import multiprocessing as mp
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
+
+from .textio import InputError, atomic_write_bytes, find_split_file, read_lines
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+
+FORMAT_VERSION = 1
+CHUNK_LINES = 4096
+
+
+@dataclass
+class SplitSpec:
+    name: str  # train / valid / test
+    prefix: str
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+# Worker side: each process loads the tokenizer once from bytes.
+_worker_tokenizer: Optional[Tokenizer] = None
+
+
+def _init_worker(model_bytes: bytes) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = Tokenizer(model_bytes)
+
+
+def _encode_chunk(lines: list[str]) -> list[list[int]]:
+    assert _worker_tokenizer is not None
+    return _worker_tokenizer.encode_batch(lines)
+
+
+def _paired_chunks(src: Path, tgt: Path, errors: str) -> Iterator[tuple[list[str], list[str]]]:
+    """Chunks of aligned lines; unequal line counts stop with both files and counts named."""
+    src_lines, tgt_lines = read_lines(src, errors), read_lines(tgt, errors)
+    n = 0
+    while True:
+        a = list(itertools.islice(src_lines, CHUNK_LINES))
+        b = list(itertools.islice(tgt_lines, CHUNK_LINES))
+        n += min(len(a), len(b))
+        if len(a) != len(b):
+            na = n + (len(a) - min(len(a), len(b))) + sum(1 for _ in src_lines)
+            nb = n + (len(b) - min(len(a), len(b))) + sum(1 for _ in tgt_lines)
+            raise InputError(f"{src} has {na} lines but {tgt} has {nb}; the two sides of a parallel corpus must align line by line")
+        if not a:
+            return
+        yield a, b
+
+
+class _ArrayWriter:
+    """Appends token ids to DIR/NAME.bin and offsets to NAME.idx (written under temp names)."""
+
+    def __init__(self, path_bin: Path, path_idx: Path, dtype: np.dtype):
+        self.final = (path_bin, path_idx)
+        self.tmp = (path_bin.with_suffix(".bin.tmp"), path_idx.with_suffix(".idx.tmp"))
+        self.dtype = dtype
+        self.bin = open(self.tmp[0], "wb")
+        self.idx = open(self.tmp[1], "wb")
+        self.total = 0
+        self.lines = 0
+        np.zeros(1, dtype=np.int64).tofile(self.idx)
+
+    def add(self, seqs: Sequence[Sequence[int]]) -> None:
+        lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+        flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=self.dtype, count=int(lengths.sum()))
+        flat.tofile(self.bin)
+        (self.total + np.cumsum(lengths)).tofile(self.idx)
+        self.total += int(lengths.sum())
+        self.lines += len(seqs)
+
+    def close(self, commit: bool) -> None:
+        self.bin.close()
+        self.idx.close()
+        for tmp, final in zip(self.tmp, self.final):
+            if commit:
+                tmp.replace(final)
+            else:
+                tmp.unlink(missing_ok=True)
+
+
+def binarize(
+    src_lang: str, tgt_lang: str, splits: Sequence[SplitSpec], tokenizer_path: Path, out_dir: Path,
+    workers: int = 1, errors: str = "strict", force: bool = False,
+) -> dict:
+    """Encode every split into out_dir; returns the meta dict written to meta.json."""
+    if src_lang == tgt_lang:
+        raise InputError(f"--src and --tgt are both {src_lang!r}; give two different language suffixes")
+    tokenizer = Tokenizer.load(tokenizer_path)
+    files = {s.name: (find_split_file(s.prefix, src_lang), find_split_file(s.prefix, tgt_lang)) for s in splits}
+    out_dir = Path(out_dir)
+    if (out_dir / "meta.json").exists() and not force:
+        raise InputError(f"{out_dir}: already holds binarized data (meta.json); pass --force to replace it or pick another --out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tokenizer.vocab_size)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "src_lang": src_lang,
+        "tgt_lang": tgt_lang,
+        "vocab_size": tokenizer.vocab_size,
+        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "dtype": dtype.name,
+        "tokenizer_sha256": hashlib.sha256(tokenizer.model_bytes).hexdigest(),
+        "splits": {},
+    }
+    pool = mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer.model_bytes,)) if workers > 1 else None
+    try:
+        for name, (src, tgt) in files.items():
+            meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors)
+    finally:
+        if pool is not None:
+            pool.terminate()
+    atomic_write_bytes(out_dir / "tokenizer.model", tokenizer.model_bytes)
+    atomic_write_bytes(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+    return meta
+
+
+def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors) -> dict:
+    writers = [_ArrayWriter(out_dir / f"{name}.{lang}.bin", out_dir / f"{name}.{lang}.idx", dtype) for lang in (src_lang, tgt_lang)]
+    unk = [0, 0]
+    ok = False
+    try:
+        pending: list = []
+
+        def drain(limit: int) -> None:
+            while len(pending) > limit:
+                for k, result in enumerate(pending.pop(0)):
+                    ids = result.get() if pool is not None else result
+                    unk[k] += sum(s.count(UNK_ID) for s in ids)
+                    writers[k].add(ids)
+
+        for a, b in _paired_chunks(src, tgt, errors):
+            if pool is None:
+                pending.append((tokenizer.encode_batch(a), tokenizer.encode_batch(b)))
+            else:
+                pending.append((pool.apply_async(_encode_chunk, (a,)), pool.apply_async(_encode_chunk, (b,))))
+            drain(workers)  # bounded work in flight: memory does not grow with the corpus
+        drain(0)
+        ok = True
+    finally:
+        for w in writers:
+            w.close(commit=ok)
+    if writers[0].lines == 0:
+        raise InputError(f"{src}: empty file; split {name!r} needs at least one line")
+    return {
+        "lines": writers[0].lines,
+        "src_tokens": writers[0].total,
+        "tgt_tokens": writers[1].total,
+        "src_unk": unk[0],
+        "tgt_unk": unk[1],
+        "src_file": str(src),
+        "tgt_file": str(tgt),
+    }
+
+
+def copy_tokenizer(tokenizer_path: Path, out_dir: Path) -> None:
+    shutil.copyfile(tokenizer_path, Path(out_dir) / "tokenizer.model")

@@ -1,0 +1,143 @@
+"""One self-contained, versioned checkpoint file.
+
+Owns the on-disk format: a dict of plain tensors and plain Python values only, so it loads with
+torch.load(..., weights_only=True) and opening a file never runs code. It holds format_version,
+the configs, the tokenizer model bytes, the unwrapped weights, a sha256 of the weights (so
+corruption is reported as corruption), and optionally the training state. Writes are atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .config import ModelConfig
+from .textio import InputError
+
+FORMAT_VERSION = 1
+
+
+def weights_sha256(state: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        digest.update(name.encode())
+        digest.update(str(t.dtype).encode())
+        digest.update(str(tuple(t.shape)).encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Weights of the bare model (DDP / torch.compile wrappers removed), tied copies deduplicated."""
+    model = getattr(model, "module", model)
+    model = getattr(model, "_orig_mod", model)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    if getattr(model, "config", None) is not None and model.config.tie_embeddings:
+        state.pop("output.weight", None)
+        state.pop("tgt_embed.weight", None)
+    return state
+
+
+def build(config: dict[str, Any], model_bytes: bytes, weights: dict[str, torch.Tensor], **extra: Any) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_config": config["model"],
+        "configs": config,
+        "tokenizer": torch.frombuffer(bytearray(model_bytes), dtype=torch.uint8).clone(),
+        "weights": weights,
+        "weights_sha256": weights_sha256(weights),
+        **extra,
+    }
+
+
+def save(checkpoint: dict[str, Any], path: Path) -> None:
+    """Temp file in the same directory, fsync, rename: a crash leaves the old file or the new one."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(checkpoint, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path, verify: bool = True) -> dict[str, Any]:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"{path}: no such checkpoint")
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; give a checkpoint file such as {path / 'best.pt'}")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "unsafe content"
+        raise InputError(f"{path}: refused: not a plain seqtool checkpoint (it would need to run code to load: {first[:160]})") from None
+    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise InputError(f"{path}: truncated or corrupted checkpoint ({message[:160]})") from None
+    if not isinstance(ckpt, dict) or "format_version" not in ckpt:
+        raise InputError(f"{path}: not a seqtool checkpoint")
+    if ckpt["format_version"] != FORMAT_VERSION:
+        raise InputError(f"{path}: checkpoint format version {ckpt['format_version']}, this seqtool reads version {FORMAT_VERSION}")
+    if verify and weights_sha256(ckpt["weights"]) != ckpt.get("weights_sha256"):
+        raise InputError(f"{path}: corrupted checkpoint: the weights do not match their stored sha256")
+    return ckpt
+
+
+def tokenizer_bytes(ckpt: dict[str, Any]) -> bytes:
+    return ckpt["tokenizer"].numpy().tobytes()
+
+
+def load_model(ckpt: dict[str, Any], device: Optional[torch.device] = None):
+    """Rebuild the Transformer from the checkpoint alone."""
+    from .model import Transformer
+
+    model = Transformer(ModelConfig.from_dict(ckpt["model_config"]))
+    missing, unexpected = model.load_state_dict(ckpt["weights"], strict=False)
+    tied = {"output.weight", "tgt_embed.weight"} if model.config.tie_embeddings else set()
+    missing = [m for m in missing if m not in tied]
+    if missing or unexpected:
+        raise InputError(f"checkpoint weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    model.eval()
+    if device is not None:
+        model.to(device)
+    return model
+
+
+def average(paths: list[Path], output: Path) -> dict[str, Any]:
+    """Average the weights of several checkpoints of one architecture; configs and tokenizer of the first."""
+    if not paths:
+        raise InputError("give at least one checkpoint to average")
+    first = load(paths[0])
+    total = {k: v.double().clone() if v.is_floating_point() else v for k, v in first["weights"].items()}
+    for p in paths[1:]:
+        ck = load(p)
+        if ck["model_config"] != first["model_config"]:
+            raise InputError(f"{p}: model configuration differs from {paths[0]}; only checkpoints of one model can be averaged")
+        if tokenizer_bytes(ck) != tokenizer_bytes(first):
+            raise InputError(f"{p}: tokenizer differs from {paths[0]}")
+        for k, v in ck["weights"].items():
+            if v.is_floating_point():
+                total[k] += v.double()
+    weights = {k: (v / len(paths)).to(first["weights"][k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+    out = build(first["configs"], tokenizer_bytes(first), weights, averaged_from=[str(p) for p in paths])
+    save(out, Path(output))
+    return out
+
+
+def describe_bytes(ckpt: dict[str, Any]) -> int:
+    buffer = io.BytesIO()
+    torch.save(ckpt, buffer)
+    return buffer.tell()

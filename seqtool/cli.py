@@ -1,0 +1,307 @@
+"""The `seqtool` command line.
+
+Thin by design: each command parses options, builds a config, calls ONE library function and
+prints a summary. Heavy imports (torch) happen inside the commands, so `seqtool --help` is
+instant. User mistakes become one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from .config import ConfigError
+
+app = typer.Typer(
+    name="seqtool",
+    help="Train Transformer translation models on parallel text, translate, and score.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# ---- options shared by several commands, defined once -------------------------------------
+Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16 (fp16: CUDA, with loss scaling in training).")]
+Threads = Annotated[int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")]
+Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]
+Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes that encode text in parallel.")]
+SrcLang = Annotated[Optional[str], typer.Option("--src", help="Source language suffix: reads PREFIX.SRC (or PREFIX.SRC.gz).")]
+TgtLang = Annotated[Optional[str], typer.Option("--tgt", help="Target language suffix: reads PREFIX.TGT (or PREFIX.TGT.gz).")]
+MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", help="Token budget of a batch.")]
+
+
+def _fail(message: str, code: int = 1):
+    from rich.console import Console
+
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"error: {message}", style="bold red", markup=False)
+    raise typer.Exit(code)
+
+
+def handles_user_errors(fn: Callable) -> Callable:
+    """User mistakes -> one line on stderr, exit 1; Ctrl-C -> exit 130; a closed pipe -> quiet exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from .textio import InputError
+
+        try:
+            return fn(*args, **kwargs)
+        except (InputError, ConfigError) as error:
+            _fail(str(error))
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+        except BrokenPipeError:
+            # The reader went away (e.g. `| head -1`): stop quietly, and keep Python's exit-time
+            # flush from complaining about the closed stdout.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise typer.Exit(0)
+        except MemoryError:
+            _fail("out of memory; lower --max-tokens / --batch-size")
+        except OSError as error:
+            if error.errno == 28:  # ENOSPC
+                _fail(f"{error.filename or 'output'}: no space left on device; free space and run again (earlier files are intact)")
+            if error.filename:
+                _fail(f"{error.filename}: {error.strerror}")
+            raise
+
+    return wrapper
+
+
+@app.command("train-tokenizer")
+@handles_user_errors
+def train_tokenizer_cmd(
+    files: Annotated[list[Path], typer.Argument(help="Text files (plain or .gz); one joint vocabulary over all of them.")],
+    *,
+    model_prefix: Annotated[str, typer.Option("--model-prefix", help="Writes PREFIX.model and PREFIX.vocab.")],
+    vocab_size: Annotated[int, typer.Option("--vocab-size", help="Number of pieces.")] = 8000,
+    model_type: Annotated[str, typer.Option("--model-type", help="bpe or unigram.")] = "bpe",
+    character_coverage: Annotated[float, typer.Option("--character-coverage", help="Share of characters covered.")] = 1.0,
+    input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Sample this many lines (0 = all).")] = 0,
+    byte_fallback: Annotated[bool, typer.Option("--byte-fallback", help="Unknown characters become bytes, not <unk>.")] = False,
+    threads: Annotated[int, typer.Option("--threads", help="sentencepiece threads.")] = 2,
+    force: Force = False,
+):
+    """Train a sentencepiece tokenizer (BPE or unigram) on raw text."""
+    from .config import TokenizerConfig
+    from .textio import InputError
+    from .tokenizer import train_tokenizer
+
+    config = TokenizerConfig(vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
+                             input_sentence_size=input_sentence_size, byte_fallback=byte_fallback, threads=threads)
+    if Path(f"{model_prefix}.model").exists() and not force:
+        raise InputError(f"{model_prefix}.model already exists; pass --force to replace it")
+    path = train_tokenizer(files, model_prefix, config)
+    typer.echo(f"wrote {path} and {model_prefix}.vocab ({vocab_size} pieces)", err=True)
+
+
+@app.command()
+@handles_user_errors
+def binarize(
+    *,
+    src: Annotated[str, typer.Option("--src", help="Source language suffix.")],
+    tgt: Annotated[str, typer.Option("--tgt", help="Target language suffix.")],
+    train: Annotated[Optional[str], typer.Option("--train", help="Training files prefix: PREFIX.SRC, PREFIX.TGT.")] = None,
+    valid: Annotated[Optional[str], typer.Option("--valid", help="Validation files prefix.")] = None,
+    test: Annotated[Optional[str], typer.Option("--test", help="Test files prefix.")] = None,
+    tokenizer: Annotated[Path, typer.Option("--tokenizer", help="sentencepiece .model from train-tokenizer.")],
+    out: Annotated[Path, typer.Option("--out", help="Output DATA_DIR.")],
+    workers: Workers = 1,
+    errors: Annotated[str, typer.Option("--errors", help="Invalid UTF-8: strict (stop) or replace.")] = "strict",
+    force: Force = False,
+):
+    """Encode parallel text into memory-mapped token arrays in DATA_DIR."""
+    from .binarize import SplitSpec, binarize as run
+
+    if errors not in ("strict", "replace"):
+        raise ConfigError(f"--errors must be strict or replace, got {errors!r}")
+    splits = [SplitSpec(name, prefix) for name, prefix in (("train", train), ("valid", valid), ("test", test)) if prefix]
+    if not splits:
+        raise ConfigError("give at least one of --train, --valid, --test")
+    meta = run(src, tgt, splits, tokenizer, out, workers=workers, errors=errors, force=force)
+    for name, s in meta["splits"].items():
+        typer.echo(f"{name}: {s['lines']:,} lines, {s['src_tokens']:,} {src} / {s['tgt_tokens']:,} {tgt} tokens", err=True)
+    typer.echo(f"wrote {out}", err=True)
+
+
+@app.command()
+@handles_user_errors
+def train(
+    data_dir: Annotated[Optional[Path], typer.Argument(help="DATA_DIR from binarize (or give raw files with --src/--tgt/--train/--valid).")] = None,
+    *,
+    save_dir: Annotated[Path, typer.Option("--save-dir", help="Where last.pt, best.pt, config.json and metrics.jsonl go.")],
+    arch: Annotated[str, typer.Option("--arch", help="tiny, small, base or big.")] = "small",
+    config_file: Annotated[Optional[Path], typer.Option("--config", help="TOML file with [model], [optim], [train] tables; options given here win.")] = None,
+    max_tokens: MaxTokens = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
+    warmup: Annotated[Optional[int], typer.Option("--warmup", help="Linear warmup updates.")] = None,
+    label_smoothing: Annotated[Optional[float], typer.Option("--label-smoothing")] = None,
+    dropout: Annotated[Optional[float], typer.Option("--dropout")] = None,
+    clip_norm: Annotated[Optional[float], typer.Option("--clip-norm", help="Gradient norm clip (0 = off).")] = None,
+    max_updates: Annotated[Optional[int], typer.Option("--max-updates")] = None,
+    max_epochs: Annotated[Optional[int], typer.Option("--max-epochs")] = None,
+    max_time: Annotated[Optional[str], typer.Option("--max-time", help="Wall-clock limit, e.g. 20m, 1.5h.")] = None,
+    validate_interval_updates: Annotated[Optional[int], typer.Option("--validate-interval-updates", help="Also validate every N updates.")] = None,
+    precision: Precision = "fp32",
+    device: Device = "auto",
+    seed: Annotated[int, typer.Option("--seed")] = 1,
+    threads: Threads = 0,
+    pre_norm: Annotated[Optional[bool], typer.Option("--pre-norm/--post-norm", help="Layer norm placement (paper: post).")] = None,
+    src: SrcLang = None,
+    tgt: TgtLang = None,
+    train_prefix: Annotated[Optional[str], typer.Option("--train", help="Raw training files prefix.")] = None,
+    valid_prefix: Annotated[Optional[str], typer.Option("--valid", help="Raw validation files prefix.")] = None,
+    vocab_size: Annotated[int, typer.Option("--vocab-size", help="Tokenizer size when training on raw files.")] = 8000,
+    workers: Workers = 1,
+):
+    """Train a Transformer on DATA_DIR, or directly on raw parallel files."""
+    from .config import OptimConfig, TrainConfig, TokenizerConfig, model_config_for, parse_duration, read_toml
+    from .train import RawData, TrainJob, train as run
+
+    file_cfg = read_toml(config_file) if config_file else {}
+    model_over = dict(file_cfg.get("model", {}))
+    optim_over = dict(file_cfg.get("optim", {}))
+    train_over = dict(file_cfg.get("train", {}))
+    arch = file_cfg.get("arch", arch) if arch == "small" else arch
+    for key, value in (("dropout", dropout), ("pre_norm", pre_norm)):
+        if value is not None:
+            model_over[key] = value
+    for key, value in (("lr", lr), ("warmup", warmup), ("label_smoothing", label_smoothing), ("clip_norm", clip_norm)):
+        if value is not None:
+            optim_over[key] = value
+    for key, value in (("max_tokens", max_tokens), ("max_updates", max_updates), ("max_epochs", max_epochs),
+                       ("validate_interval_updates", validate_interval_updates)):
+        if value is not None:
+            train_over[key] = value
+    if max_time is not None:
+        train_over["max_time"] = parse_duration(max_time)
+    train_over.update(precision=precision, device=device, seed=seed, threads=threads)
+    if src:
+        train_over["src_lang"] = src
+    if tgt:
+        train_over["tgt_lang"] = tgt
+    model = model_config_for(arch, **model_over)
+    raw = None
+    if data_dir is None:
+        if not (src and tgt and train_prefix and valid_prefix):
+            raise ConfigError("give a DATA_DIR, or raw files with --src, --tgt, --train and --valid")
+        raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size), workers)
+    elif train_prefix or valid_prefix:
+        raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
+    job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),
+                   train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw)
+    result = run(job)
+    typer.echo(
+        f"{result.updates} updates, {result.epochs:.2f} epochs in {result.train_seconds:.0f}s "
+        f"({result.tokens_per_second:,.0f} target tokens/s); best valid loss {result.best_valid_loss:.3f}; "
+        f"stopped by {result.stopped_by}; checkpoints in {result.save_dir}"
+        + (f"; {result.skipped_too_long} pairs skipped as too long" if result.skipped_too_long else ""),
+        err=True,
+    )
+
+
+@app.command()
+@handles_user_errors
+def translate(
+    *,
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="best.pt or last.pt from seqtool train.")],
+    input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Read this file instead of stdin.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write this file instead of stdout.")] = None,
+    beam: Annotated[int, typer.Option("--beam", "-b", help="Beam size (1 = greedy).")] = 5,
+    lenpen: Annotated[float, typer.Option("--lenpen", help="Length penalty: score = log-prob / length^lenpen.")] = 1.0,
+    nbest: Annotated[int, typer.Option("--nbest", help="Hypotheses per line (tab-separated output when > 1).")] = 1,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Source-token budget of a batch (0 = no limit).")] = 0,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sentences per batch.")] = 64,
+    max_len_a: Annotated[float, typer.Option("--max-len-a", help="Max output length = a * source length + b.")] = 0.0,
+    max_len_b: Annotated[int, typer.Option("--max-len-b")] = 200,
+    print_scores: Annotated[bool, typer.Option("--print-scores", help="index<TAB>score<TAB>translation.")] = False,
+    device: Device = "auto",
+    precision: Precision = "fp32",
+    threads: Threads = 0,
+):
+    """Translate stdin (or --input) line by line to stdout, in input order."""
+    from .config import DecodeConfig
+    from .translate import translate_file
+
+    config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
+                          max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores, device=device,
+                          precision=precision, threads=threads)
+    if output is not None:
+        from .textio import InputError
+
+        if output.exists() and input is not None and output.resolve() == input.resolve():
+            raise InputError(f"{output}: --output is the --input file; write somewhere else")
+        tmp = output.with_name(f".{output.name}.partial")
+        try:
+            with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+                translate_file(checkpoint, config, input, handle)
+            os.replace(tmp, output)  # a partial output never looks complete
+        finally:
+            tmp.unlink(missing_ok=True)
+    else:
+        sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
+        translate_file(checkpoint, config, input)
+
+
+@app.command()
+@handles_user_errors
+def score(
+    *,
+    ref: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several references.")],
+    hyp: Annotated[Optional[Path], typer.Option("--hyp", help="Hypotheses (default: stdin).")] = None,
+    metrics: Annotated[str, typer.Option("--metrics", "-m", help="Comma-separated: bleu, chrf, ter.")] = "bleu,chrf",
+    tokenize: Annotated[Optional[str], typer.Option("--tokenize", help="BLEU tokenizer: 13a, intl, zh, char, none, ...")] = None,
+    lowercase: Annotated[bool, typer.Option("--lowercase", "-lc")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+):
+    """Score translations against references with sacrebleu (BLEU, chrF, TER)."""
+    from .score import score_files
+    from .textio import decode_line
+
+    names = [m.strip().lower() for m in metrics.split(",") if m.strip()]
+    stdin_lines = None
+    if hyp is None:
+        stdin_lines = [decode_line(raw, "<stdin>", n, errors="replace") for n, raw in enumerate(sys.stdin.buffer, 1)]
+    results = score_files(hyp, ref, names, tokenize, lowercase, stdin_lines)
+    if as_json:
+        typer.echo(json.dumps({r.name: {"score": round(r.score, 4), "signature": r.signature, "detail": r.detail} for r in results}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_edge=False)
+    for column in ("metric", "score", "signature"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r.name.upper() if r.name != "chrf" else "chrF", f"{r.score:.2f}", r.signature)
+    Console(soft_wrap=True).print(table)
+
+
+@app.command()
+@handles_user_errors
+def average(
+    checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one model to average.")],
+    *,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The averaged checkpoint.")],
+    force: Force = False,
+):
+    """Average the weights of several checkpoints into one."""
+    from .checkpoint import average as run
+    from .textio import InputError
+
+    if output.exists() and not force:
+        raise InputError(f"{output}: already exists; pass --force to replace it")
+    run(checkpoints, output)
+    typer.echo(f"wrote {output} (average of {len(checkpoints)} checkpoints)", err=True)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,229 @@
+"""Typed configuration for every step of the data path.
+
+Owns the dataclasses that a checkpoint stores (so a model rebuilds from its file alone), their
+validation, the model presets, and reading an optional TOML config file. Every config is plain
+data: ``to_dict`` gives JSON/TOML-safe values, ``from_dict`` rejects unknown keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message says which and why."""
+
+
+class _Config:
+    """Shared to_dict/from_dict for the dataclasses below."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class TokenizerConfig(_Config):
+    vocab_size: int = 8000
+    model_type: str = "bpe"
+    character_coverage: float = 1.0
+    input_sentence_size: int = 0  # 0 = use every sentence; else sample this many
+    byte_fallback: bool = False
+    threads: int = 2
+    seed: int = 1
+
+    def __post_init__(self):
+        _check(self.vocab_size >= 8, f"--vocab-size must be at least 8, got {self.vocab_size}")
+        _check(self.model_type in ("bpe", "unigram"), f"--model-type must be bpe or unigram, got {self.model_type!r}")
+        _check(0.0 < self.character_coverage <= 1.0, f"--character-coverage must be in (0, 1], got {self.character_coverage}")
+        _check(self.input_sentence_size >= 0, "--input-sentence-size must be >= 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig(_Config):
+    vocab_size: int = 8000
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    max_positions: int = 1024
+    pre_norm: bool = False  # post-norm, as in the paper
+    tie_embeddings: bool = True  # one joint vocabulary: source, target and output share weights
+    pad_id: int = 0
+    bos_id: int = 2
+    eos_id: int = 3
+
+    def __post_init__(self):
+        _check(self.d_model % self.n_heads == 0, f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        _check(self.encoder_layers >= 1 and self.decoder_layers >= 1, "need at least one encoder and one decoder layer")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            _check(0.0 <= value < 1.0, f"{name} must be in [0, 1), got {value}")
+        _check(self.max_positions >= 2, "max_positions must be >= 2")
+        _check(self.vocab_size > max(self.pad_id, self.bos_id, self.eos_id), "vocab_size too small for the special ids")
+
+
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(d_model=128, n_heads=4, d_ff=512, encoder_layers=2, decoder_layers=2),
+    "small": dict(d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3),
+    "base": dict(d_model=512, n_heads=8, d_ff=2048, encoder_layers=6, decoder_layers=6),
+    "big": dict(d_model=1024, n_heads=16, d_ff=4096, encoder_layers=6, decoder_layers=6),
+}
+
+
+@dataclass(frozen=True)
+class OptimConfig(_Config):
+    lr: float = 1e-3
+    warmup: int = 1000  # linear warmup from 0, then inverse square root decay
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0  # 0 disables clipping
+    label_smoothing: float = 0.1
+
+    def __post_init__(self):
+        object.__setattr__(self, "betas", tuple(self.betas))
+        _check(self.lr > 0, f"--lr must be > 0, got {self.lr}")
+        _check(self.warmup >= 0, "--warmup must be >= 0")
+        _check(self.clip_norm >= 0, "--clip-norm must be >= 0")
+        _check(0.0 <= self.label_smoothing < 1.0, f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Config):
+    max_tokens: int = 4096  # batch cost = sentences x max(padded source, padded target length)
+    max_updates: int = 0  # 0 = no limit
+    max_epochs: int = 0
+    max_time: float = 0.0  # seconds; 0 = no limit
+    validate_interval_updates: int = 0  # 0 = once per epoch only
+    log_interval: float = 10.0  # seconds between plain log lines when stderr is not a terminal
+    precision: str = "fp32"
+    device: str = "auto"
+    seed: int = 1
+    threads: int = 0  # 0 = torch's default
+    src_lang: str = ""
+    tgt_lang: str = ""
+
+    def __post_init__(self):
+        _check(self.max_tokens >= 8, f"--max-tokens must be >= 8, got {self.max_tokens}")
+        _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
+        _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+               f"--device must be auto, cpu or cuda, got {self.device!r}")
+        _check(self.max_updates >= 0 and self.max_epochs >= 0 and self.max_time >= 0, "limits must be >= 0")
+
+
+@dataclass(frozen=True)
+class DecodeConfig(_Config):
+    beam: int = 5
+    lenpen: float = 1.0
+    nbest: int = 1
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    max_tokens: int = 0  # 0 = only --batch-size limits a batch
+    batch_size: int = 64
+    print_scores: bool = False
+    device: str = "auto"
+    precision: str = "fp32"
+    threads: int = 0
+    chunk_lines: int = 2048  # lines read, sorted and batched together
+
+    def __post_init__(self):
+        _check(self.beam >= 1, f"--beam must be >= 1, got {self.beam}")
+        _check(1 <= self.nbest <= self.beam, f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
+        _check(self.batch_size >= 1, "--batch-size must be >= 1")
+        _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
+        _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
+        _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
+
+
+def model_config_for(arch: str, **overrides: Any) -> ModelConfig:
+    if arch not in PRESETS:
+        raise ConfigError(f"--arch must be one of {', '.join(PRESETS)}, got {arch!r}")
+    values: dict[str, Any] = dict(PRESETS[arch])
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return ModelConfig(**values)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """'90' -> 90 s, '20m' -> 1200 s, '1.5h' -> 5400 s."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ConfigError(f"cannot read duration {text!r}; use e.g. 90s, 20m, 1.5h")
+    value, unit = float(match.group(1)), match.group(2) or "s"
+    return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A config file has optional [model], [optim] and [train] tables whose keys are field names."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    unknown = sorted(set(data) - {"model", "optim", "train", "arch"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown table(s) {', '.join(unknown)}; use [model], [optim], [train]")
+    return data
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Human-readable differences between two nested config dicts."""
+    out: list[str] = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += config_diff(a, b, f"{prefix}{key}.")
+        elif (list(a) if isinstance(a, (list, tuple)) else a) != (list(b) if isinstance(b, (list, tuple)) else b):
+            out.append(f"{prefix}{key}: saved {a!r}, now {b!r}")
+    return out
+
+
+@dataclass
+class RunPaths:
+    """Where train writes; kept here so cli and train agree on names."""
+
+    save_dir: Path
+    last: Path = field(init=False)
+    best: Path = field(init=False)
+    config: Path = field(init=False)
+    metrics: Path = field(init=False)
+
+    def __post_init__(self):
+        self.save_dir = Path(self.save_dir)
+        self.last = self.save_dir / "last.pt"
+        self.best = self.save_dir / "best.pt"
+        self.config = self.save_dir / "config.json"
+        self.metrics = self.save_dir / "metrics.jsonl"
+

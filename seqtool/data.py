@@ -1,0 +1,164 @@
+"""Reading binarized data and forming batches.
+
+Owns the memory-mapped dataset of a DATA_DIR split (opening it costs the same for ten thousand or
+a hundred million lines), token-budget batches of length-bucketed pairs, the per-epoch seeded
+shuffle, the split of every epoch's batches across ranks, and collation into padded tensors.
+It never sees the tokenizer: ids only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .binarize import FORMAT_VERSION
+from .textio import InputError
+
+
+def read_meta(data_dir: Path) -> dict:
+    data_dir = Path(data_dir)
+    path = data_dir / "meta.json"
+    if not path.exists():
+        raise InputError(f"{data_dir}: no meta.json; create the data directory with seqtool binarize")
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise InputError(f"{path}: unreadable ({error})") from None
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise InputError(f"{path}: data format version {version}, this seqtool reads version {FORMAT_VERSION}; binarize the data again")
+    return meta
+
+
+class TokenArray:
+    """One side of one split: sequence i is bin[idx[i]:idx[i+1]]."""
+
+    def __init__(self, path_bin: Path, path_idx: Path, dtype: str):
+        for p in (path_bin, path_idx):
+            if not p.exists():
+                raise InputError(f"{p}: missing from the data directory; binarize again")
+        self.offsets = np.memmap(path_idx, dtype=np.int64, mode="r")
+        size = path_bin.stat().st_size
+        self.tokens = np.memmap(path_bin, dtype=np.dtype(dtype), mode="r") if size else np.zeros(0, dtype=dtype)
+        if self.offsets[-1] != len(self.tokens):
+            raise InputError(f"{path_bin}: holds {len(self.tokens)} tokens but {path_idx} expects {self.offsets[-1]}; the data directory is damaged")
+        self.lengths = np.diff(self.offsets).astype(np.int64)  # (N,)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.asarray(self.tokens[self.offsets[i] : self.offsets[i + 1]])
+
+
+class ParallelDataset:
+    def __init__(self, data_dir: Path, split: str, meta: Optional[dict] = None):
+        data_dir = Path(data_dir)
+        meta = meta or read_meta(data_dir)
+        if split not in meta["splits"]:
+            raise InputError(f"{data_dir}: has no {split!r} split (it has {', '.join(meta['splits'])})")
+        s, t, dtype = meta["src_lang"], meta["tgt_lang"], meta["dtype"]
+        self.src = TokenArray(data_dir / f"{split}.{s}.bin", data_dir / f"{split}.{s}.idx", dtype)
+        self.tgt = TokenArray(data_dir / f"{split}.{t}.bin", data_dir / f"{split}.{t}.idx", dtype)
+        if len(self.src) != len(self.tgt):
+            raise InputError(f"{data_dir}: split {split!r} has {len(self.src)} source but {len(self.tgt)} target lines; binarize again")
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass
+class Batch:
+    ids: np.ndarray  # (B,) dataset indices
+    src: "object"  # torch (B, S) with EOS
+    tgt_in: "object"  # (B, T) BOS + target
+    tgt_out: "object"  # (B, T) target + EOS
+    ntokens: int  # non-pad target tokens (incl. EOS)
+
+
+def make_batches(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int, seed: Optional[int],
+                 max_sentences: int = 0) -> list[np.ndarray]:
+    """Length-bucketed batches whose cost sentences x max(padded source, padded target length)
+    stays within max_tokens (padding counted, fairseq's rule).
+
+    Lengths include the EOS/BOS the collater adds. Pairs are sorted by length (random tie-break
+    when seed is given, so batches differ between epochs); batch order is shuffled with the seed.
+    A pair longer than max_tokens on its own cannot fit: the caller filters those first.
+    """
+    n = len(src_len)
+    cost = np.maximum(src_len, tgt_len)
+    if seed is None:
+        order = np.lexsort((src_len, tgt_len))
+    else:
+        rng = np.random.default_rng(seed)
+        order = np.lexsort((rng.random(n), src_len, tgt_len))
+    batches: list[np.ndarray] = []
+    start, width = 0, 0
+    for pos in range(n):
+        i = order[pos]
+        w = max(width, int(cost[i]))
+        size = pos - start + 1
+        if size > 1 and (w * size > max_tokens or (max_sentences and size > max_sentences)):
+            batches.append(order[start:pos])
+            start, w = pos, int(cost[i])
+        width = w
+    if start < n:
+        batches.append(order[start:n])
+    if seed is not None:
+        perm = np.random.default_rng(seed + 1).permutation(len(batches))
+        batches = [batches[k] for k in perm]
+    return batches
+
+
+def shard_batches(batches: list[np.ndarray], rank: int, world: int) -> list[np.ndarray]:
+    """Each rank's share of an epoch; every rank gets the same number (the tail is dropped to
+    the next multiple of world only when world > 1, and those pairs come back next epoch)."""
+    if world == 1:
+        return batches
+    usable = len(batches) - len(batches) % world
+    return batches[rank:usable:world]
+
+
+def collate(dataset: ParallelDataset, ids: np.ndarray, pad: int, bos: int, eos: int, max_positions: int = 0):
+    """Padded tensors for one batch: src + EOS, BOS + tgt, tgt + EOS (right padding)."""
+    import torch
+
+    srcs = [dataset.src[i] for i in ids]
+    tgts = [dataset.tgt[i] for i in ids]
+    B = len(ids)
+    S = max(len(s) for s in srcs) + 1
+    T = max(len(t) for t in tgts) + 1
+    src = np.full((B, S), pad, dtype=np.int64)
+    tgt_in = np.full((B, T), pad, dtype=np.int64)
+    tgt_out = np.full((B, T), pad, dtype=np.int64)
+    for b, (s, t) in enumerate(zip(srcs, tgts)):
+        src[b, : len(s)] = s
+        src[b, len(s)] = eos
+        tgt_in[b, 0] = bos
+        tgt_in[b, 1 : len(t) + 1] = t
+        tgt_out[b, : len(t)] = t
+        tgt_out[b, len(t)] = eos
+    ntokens = int(sum(len(t) + 1 for t in tgts))
+    return Batch(ids, torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), ntokens)
+
+
+def epoch_batches(dataset: ParallelDataset, max_tokens: int, max_positions: int, seed: int, epoch: int,
+                  rank: int = 0, world: int = 1, shuffle: bool = True) -> tuple[list[np.ndarray], int]:
+    """This rank's batches for an epoch, and how many pairs were skipped as too long."""
+    src_len = dataset.src.lengths + 1
+    tgt_len = dataset.tgt.lengths + 1
+    fits = (np.maximum(src_len, tgt_len) <= min(max_positions, max_tokens))
+    skipped = int((~fits).sum())
+    keep = np.nonzero(fits)[0]
+    batches = make_batches(src_len[keep], tgt_len[keep], max_tokens, seed * 100003 + epoch if shuffle else None)
+    batches = [keep[b] for b in batches]
+    return shard_batches(batches, rank, world), skipped
+
+
+def iterate(dataset: ParallelDataset, batches: list[np.ndarray], pad: int, bos: int, eos: int) -> Iterator[Batch]:
+    for ids in batches:
+        yield collate(dataset, ids, pad, bos, eos)

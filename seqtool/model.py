@@ -1,0 +1,321 @@
+"""The Transformer of "Attention Is All You Need", and the cache that makes decoding incremental.
+
+Owns the network only: token ids in, logits out. It never sees text or files.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, K = D / H per head,
+V vocabulary. Surface (as the Annotated Transformer's):
+
+    memory, src_pad = model.encode(src)                       # (B, S, D), (B, S)
+    logits = model.decode(tgt_in, memory, src_pad)            # (B, T, V) teacher forcing
+    cache = model.new_cache(memory, src_pad)                  # cross-attention K/V projected once
+    logits = model.decode(tgt_in[:, -1:], memory, src_pad, cache=cache)   # one new position
+    cache.reorder(index)                                      # beams moved / finished rows dropped
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+
+
+def sinusoidal_positions(n: int, d: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as in the paper."""
+    position = torch.arange(n, dtype=torch.float32)[:, None]  # (n, 1)
+    div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))  # (d/2,)
+    pe = torch.zeros(n, d)
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div)[:, : d // 2]
+    return pe
+
+
+@dataclass
+class KVCache:
+    """Per decoder layer: self-attention keys/values so far, and the encoder's projected keys/values.
+
+    Rows are decoder rows (sentences x beams). `reorder(index)` keeps row index[i] as row i: beam
+    search calls it with the parent of each surviving hypothesis, and with a shorter index when
+    finished sentences leave the batch (then `cross=True`, as the encoder rows change too).
+    """
+
+    self_k: list[Optional[Tensor]] = field(default_factory=list)  # each (B, H, t, K)
+    self_v: list[Optional[Tensor]] = field(default_factory=list)
+    cross_k: list[Tensor] = field(default_factory=list)  # each (B, H, S, K)
+    cross_v: list[Tensor] = field(default_factory=list)
+    src_pad: Optional[Tensor] = None  # (B, S) True at padding
+    steps: int = 0  # target positions already consumed
+
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        self.self_k = [None if k is None else k.index_select(0, index) for k in self.self_k]
+        self.self_v = [None if v is None else v.index_select(0, index) for v in self.self_v]
+        if cross:
+            self.cross_k = [k.index_select(0, index) for k in self.cross_k]
+            self.cross_v = [v.index_select(0, index) for v in self.cross_v]
+            if self.src_pad is not None:
+                self.src_pad = self.src_pad.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """softmax(Q K^T / sqrt(K)) V per head; heads concatenated and projected by W^O.
+
+    The fused path uses F.scaled_dot_product_attention (flash / memory-efficient kernels where
+    available). need_weights=True computes the softmax explicitly and also returns the weights
+    (B, H, Tq, Tk): the same projections, so pictures show what translation used.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, cross: bool):
+        super().__init__()
+        self.h, self.k = n_heads, d_model // n_heads
+        self.dropout = dropout
+        self.cross = cross
+        if cross:  # queries from the decoder, keys and values from the encoder output
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        else:  # one matrix product for Q, K and V
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.h, self.k).transpose(1, 2)  # (B, H, T, K)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)  # (B, S, D) each
+        return self._heads(k), self._heads(v)
+
+    def forward(
+        self,
+        x: Tensor,  # (B, T, D) queries (and keys/values for self-attention)
+        memory: Optional[Tensor] = None,  # (B, S, D) encoder output, cross-attention only
+        key_pad: Optional[Tensor] = None,  # (B, Tk) True at padding
+        causal: bool = False,
+        cache: Optional[KVCache] = None,
+        layer: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Optional[Tensor]]:
+        B, T, D = x.shape
+        if self.cross:
+            q = self._heads(self.q_proj(x))
+            if cache is not None:  # projected once per sentence by new_cache()
+                k, v = cache.cross_k[layer], cache.cross_v[layer]
+            else:
+                k, v = self.project_kv(memory)
+        else:
+            q, k, v = (self._heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, K)
+            if cache is not None and cache.self_k[layer] is not None:
+                k = torch.cat([cache.self_k[layer], k], dim=2)  # (B, H, t+T, K)
+                v = torch.cat([cache.self_v[layer], v], dim=2)
+                # The queries are the newest positions: they see every cached key, and among
+                # themselves only earlier ones (SDPA's is_causal aligns top-left, so spell it out).
+                if causal and T > 1 and not need_weights:
+                    Tk = k.size(2)
+                    key_pad = torch.ones(T, Tk, dtype=torch.bool, device=x.device).triu(Tk - T + 1)[None]  # (1, T, Tk)
+                    causal = False
+                elif T == 1:
+                    causal = False
+            if cache is not None:
+                cache.self_k[layer], cache.self_v[layer] = k, v
+        mask = None
+        if key_pad is not None:  # (B, Tk) padding, or (1, Tq, Tk) future positions of a cached step
+            mask = ~(key_pad[:, None, None, :] if key_pad.dim() == 2 else key_pad[:, None])  # True = may attend
+        if causal and mask is not None and not need_weights:
+            raise ValueError("causal attention with a key padding mask is not supported")
+        p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.k)  # (B, H, Tq, Tk)
+            if causal:
+                Tk = k.size(2)
+                future = torch.ones(T, Tk, dtype=torch.bool, device=x.device).triu(Tk - T + 1)
+                scores = scores.masked_fill(future, float("-inf"))
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            weights = scores.float().softmax(dim=-1).to(q.dtype)
+            out = F.dropout(weights, p, self.training) @ v  # (B, H, Tq, K)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        out = out.transpose(1, 2).reshape(B, T, D)  # heads concatenated
+        return self.out_proj(out), weights
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = F.relu(self.fc1(x))  # (B, T, F)
+        return self.fc2(F.dropout(h, self.activation_dropout, self.training))
+
+
+class SubLayer(nn.Module):
+    """Residual connection + layer norm around a sub-layer: post-norm LN(x + f(x)) as in the
+    paper, or pre-norm x + f(LN(x)), which trains deep stacks more stably."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = dropout
+        self.pre_norm = pre_norm
+
+    def forward(self, x: Tensor, f) -> tuple[Tensor, Optional[Tensor]]:
+        y, weights = f(self.norm(x) if self.pre_norm else x)
+        x = x + F.dropout(y, self.dropout, self.training)
+        return (x if self.pre_norm else self.norm(x)), weights
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, cross=False)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.sub1 = SubLayer(c.d_model, c.dropout, c.pre_norm)
+        self.sub2 = SubLayer(c.d_model, c.dropout, c.pre_norm)
+
+    def forward(self, x: Tensor, src_pad: Optional[Tensor], need_weights: bool = False):
+        x, w = self.sub1(x, lambda h: self.self_attn(h, key_pad=src_pad, need_weights=need_weights))
+        x, _ = self.sub2(x, lambda h: (self.ffn(h), None))
+        return x, w
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, cross=False)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, cross=True)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.sub1 = SubLayer(c.d_model, c.dropout, c.pre_norm)
+        self.sub2 = SubLayer(c.d_model, c.dropout, c.pre_norm)
+        self.sub3 = SubLayer(c.d_model, c.dropout, c.pre_norm)
+
+    def forward(self, x, memory, src_pad, cache, layer, need_weights=False):
+        # Right-padded targets need no key padding mask here: a real position never sees a
+        # later (padding) one under the causal mask, and padded positions are ignored by the loss.
+        x, ws = self.sub1(x, lambda h: self.self_attn(h, causal=True, cache=cache, layer=layer, need_weights=need_weights))
+        x, wc = self.sub2(x, lambda h: self.cross_attn(h, memory, key_pad=src_pad, cache=cache, layer=layer, need_weights=need_weights))
+        x, _ = self.sub3(x, lambda h: (self.ffn(h), None))
+        return x, ws, wc
+
+
+class Transformer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = self.config = config
+        self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.tgt_embed = self.embed if c.tie_embeddings else nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
+        # Pre-norm leaves the residual stream unnormalised: normalise once at the end of each stack.
+        self.encoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
+        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.reset_parameters()
+        if c.tie_embeddings:
+            self.output.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        """fairseq's initialisation: embeddings N(0, D^-1/2), Xavier-uniform projections, zero biases,
+        so the first loss is close to ln(V)."""
+        c = self.config
+        for emb in {self.embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, mean=0.0, std=c.d_model ** -0.5)
+            nn.init.zeros_(emb.weight[c.pad_id])
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                # Q, K, V initialised as separate D x D matrices (gain 1/sqrt(2) as fairseq), even
+                # where they are stored fused.
+                fused = module.kv_proj if module.cross else module.qkv_proj
+                for part in fused.weight.data.split(c.d_model, dim=0):
+                    nn.init.xavier_uniform_(part, gain=1 / math.sqrt(2))
+                if module.cross:
+                    nn.init.xavier_uniform_(module.q_proj.weight, gain=1 / math.sqrt(2))
+                    nn.init.zeros_(module.q_proj.bias)
+                nn.init.zeros_(fused.bias)
+                nn.init.xavier_uniform_(module.out_proj.weight)
+                nn.init.zeros_(module.out_proj.bias)
+            elif isinstance(module, FeedForward):
+                for lin in (module.fc1, module.fc2):
+                    nn.init.xavier_uniform_(lin.weight)
+                    nn.init.zeros_(lin.bias)
+        if not c.tie_embeddings:
+            nn.init.normal_(self.output.weight, mean=0.0, std=c.d_model ** -0.5)
+
+    def _embed(self, emb: nn.Embedding, tokens: Tensor, start: int = 0) -> Tensor:
+        T = tokens.size(1)
+        if start + T > self.config.max_positions:
+            raise ValueError(f"sequence of {start + T} positions exceeds max_positions {self.config.max_positions}")
+        x = emb(tokens) * math.sqrt(self.config.d_model) + self.positions[start : start + T].to(emb.weight.dtype)  # (B, T, D)
+        return F.dropout(x, self.config.dropout, self.training)
+
+    def encode(self, src: Tensor, need_weights: bool = False):
+        """src (B, S) ids -> memory (B, S, D), src_pad (B, S) [, per-layer weights (B, H, S, S)]."""
+        src_pad = src.eq(self.config.pad_id)  # (B, S)
+        x = self._embed(self.embed, src)
+        weights = []
+        for layer in self.encoder:
+            x, w = layer(x, src_pad, need_weights)
+            weights.append(w)
+        x = self.encoder_norm(x)
+        return (x, src_pad, weights) if need_weights else (x, src_pad)
+
+    def new_cache(self, memory: Tensor, src_pad: Tensor) -> KVCache:
+        """An empty cache with every layer's cross-attention keys/values projected once."""
+        cache = KVCache(src_pad=src_pad)
+        for layer in self.decoder:
+            k, v = layer.cross_attn.project_kv(memory)  # (B, H, S, K)
+            cache.cross_k.append(k)
+            cache.cross_v.append(v)
+            cache.self_k.append(None)
+            cache.self_v.append(None)
+        return cache
+
+    def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None,
+                        need_weights: bool = False):
+        """tgt_in (B, T) -> decoder output (B, T, D). With a cache, tgt_in holds only the new positions."""
+        start = 0
+        if cache is not None:
+            start = cache.steps
+            src_pad = cache.src_pad if cache.src_pad is not None else src_pad
+        x = self._embed(self.tgt_embed, tgt_in, start)
+        self_w, cross_w = [], []
+        for i, layer in enumerate(self.decoder):
+            x, ws, wc = layer(x, memory, src_pad, cache, i, need_weights)
+            self_w.append(ws)
+            cross_w.append(wc)
+        if cache is not None:
+            cache.steps += tgt_in.size(1)
+        x = self.decoder_norm(x)
+        return (x, self_w, cross_w) if need_weights else x
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None) -> Tensor:
+        """Logits (B, T, V) for the next token after each position of tgt_in."""
+        return self.output(self.decode_features(tgt_in, memory, src_pad, cache))
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        memory, src_pad = self.encode(src)
+        return self.decode(tgt_in, memory, src_pad)
+
+
+def label_smoothed_nll(features: Tensor, output: nn.Module, target: Tensor, pad_id: int, smoothing: float) -> tuple[Tensor, Tensor, int]:
+    """Summed label-smoothed cross-entropy and summed NLL over non-pad target positions.
+
+    The output projection runs on the non-pad positions only: padding costs no V-sized matmul.
+    """
+    keep = target.ne(pad_id).view(-1)  # (B*T,)
+    h = features.reshape(-1, features.size(-1))[keep]  # (N, D)
+    y = target.view(-1)[keep]  # (N,)
+    logits = output(h).float()  # (N, V)
+    lprobs = logits.log_softmax(dim=-1)
+    nll = -lprobs.gather(1, y[:, None]).squeeze(1)  # (N,)
+    smooth = -lprobs.mean(dim=-1)  # uniform over the vocabulary
+    loss = (1.0 - smoothing) * nll + smoothing * smooth
+    return loss.sum(), nll.sum().detach(), int(y.numel())

@@ -1,0 +1,125 @@
+"""Subword tokenization with sentencepiece.
+
+Owns training a joint sentencepiece model (BPE or unigram) on plain or .gz text, and the
+Tokenizer used everywhere else: fixed special ids (pad 0, unk 1, bos 2, eos 3), encode to ids,
+decode to text, and loading from a path or from the bytes stored inside a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import sentencepiece as spm
+
+from .config import TokenizerConfig
+from .textio import InputError, read_lines
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+    def __init__(self, model_bytes: bytes, source: str = "<bytes>"):
+        self.model_bytes = bytes(model_bytes)
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.LoadFromSerializedProto(self.model_bytes)
+        except (RuntimeError, OSError) as error:
+            raise InputError(f"{source}: not a sentencepiece model ({error})") from None
+        if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise InputError(
+                f"{source}: special ids pad/unk/bos/eos are {self.sp.pad_id()}/{self.sp.unk_id()}/"
+                f"{self.sp.bos_id()}/{self.sp.eos_id()}, seqtool needs 0/1/2/3; train it with seqtool train-tokenizer"
+            )
+
+    @classmethod
+    def load(cls, path: Path) -> "Tokenizer":
+        path = Path(path)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise InputError(f"{path}: no such tokenizer model") from None
+        except OSError as error:
+            raise InputError(f"{path}: cannot read: {error.strerror}") from None
+        return cls(data, str(path))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.encode(list(texts))
+
+    def pieces(self, text: str) -> list[str]:
+        return self.sp.encode(text, out_type=str)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode([i for i in ids if i > EOS_ID or i == UNK_ID])
+
+
+def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerConfig) -> Path:
+    """Train a joint model over all `files`; writes PREFIX.model and PREFIX.vocab; returns the .model path."""
+    prefix = Path(model_prefix)
+    if prefix.parent and not prefix.parent.exists():
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+    # sentencepiece reads plain files only, and splits on its own idea of lines: feed it the lines
+    # we read (\n only, \r stripped, .gz opened) through an iterator, sampled when asked.
+    lines = _sample_lines(files, config.input_sentence_size, config.seed)
+    try:
+        with tempfile.TemporaryDirectory(prefix="seqtool-spm-") as tmp:
+            tmp_prefix = os.path.join(tmp, "spm")
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_prefix=tmp_prefix,
+                vocab_size=config.vocab_size,
+                model_type=config.model_type,
+                character_coverage=config.character_coverage,
+                byte_fallback=config.byte_fallback,
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                num_threads=config.threads,
+                max_sentence_length=1 << 16,
+                minloglevel=2,
+                hard_vocab_limit=True,
+            )
+            model = Path(tmp_prefix + ".model").read_bytes()
+            vocab = Path(tmp_prefix + ".vocab").read_bytes()
+    except RuntimeError as error:
+        message = str(error)
+        if "Vocabulary size" in message or "vocab_size" in message:
+            raise InputError(
+                f"--vocab-size {config.vocab_size} is too large for this data ({message.strip().splitlines()[-1]}); "
+                "lower --vocab-size or add text"
+            ) from None
+        raise InputError(f"sentencepiece failed: {message.strip().splitlines()[-1]}") from None
+    from .textio import atomic_write_bytes
+
+    atomic_write_bytes(Path(f"{prefix}.model"), model)
+    atomic_write_bytes(Path(f"{prefix}.vocab"), vocab)
+    return Path(f"{prefix}.model")
+
+
+def _sample_lines(files: Sequence[Path], limit: int, seed: int) -> list[str]:
+    """All non-empty lines, or a uniform reservoir sample of `limit` of them (memory bounded by `limit`)."""
+    rng = random.Random(seed)
+    kept: list[str] = []
+    seen = 0
+    for path in files:
+        for line in read_lines(Path(path), errors="replace"):
+            if not line.strip():
+                continue
+            seen += 1
+            if not limit or len(kept) < limit:
+                kept.append(line)
+            else:
+                j = rng.randrange(seen)
+                if j < limit:
+                    kept[j] = line
+    if not kept:
+        raise InputError(f"{', '.join(map(str, files))}: no text to train a tokenizer on (empty files?)")
+    return kept

@@ -1,0 +1,346 @@
+"""The training loop.
+
+Owns one training run: model and optimizer set-up, autocast (bf16, or fp16 with a gradient
+scaler), the inverse-square-root LR schedule, gradient clipping, validation, early stopping
+limits (updates, epochs, wall clock), checkpoints (last.pt with training state, best.pt without),
+metrics.jsonl, and resuming a run from last.pt when the configuration matches. Training on raw
+parallel files first trains a tokenizer and binarizes into SAVE_DIR/data through the same code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from . import checkpoint, log
+from .binarize import SplitSpec, binarize
+from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
+from .data import ParallelDataset, collate, epoch_batches, read_meta
+from .model import Transformer, label_smoothed_nll
+from .textio import InputError
+from .tokenizer import Tokenizer, train_tokenizer
+
+# Settings that may change when a run is resumed: limits and where/how fast it runs.
+RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates"}
+
+
+@dataclass
+class RawData:
+    """Raw parallel files to tokenize and binarize into SAVE_DIR/data before training."""
+
+    train_prefix: str
+    valid_prefix: str
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    workers: int = 1
+
+
+@dataclass
+class TrainJob:
+    save_dir: Path
+    model: ModelConfig  # vocab_size and special ids are taken from the data
+    optim: OptimConfig
+    train: TrainConfig
+    data_dir: Optional[Path] = None
+    raw: Optional[RawData] = None
+
+
+@dataclass
+class TrainResult:
+    updates: int
+    epochs: float
+    best_valid_loss: float
+    last_valid_loss: float
+    train_tokens: int
+    train_seconds: float
+    skipped_too_long: int
+    save_dir: Path
+    stopped_by: str
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.train_tokens / max(self.train_seconds, 1e-9)
+
+
+def inverse_sqrt_lr(update: int, lr: float, warmup: int) -> float:
+    """Linear warmup from 0 to lr over `warmup` updates, then lr * sqrt(warmup / update)."""
+    if warmup and update < warmup:
+        return lr * update / warmup
+    return lr * math.sqrt(max(warmup, 1) / max(update, 1))
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available (this torch build or machine has none); use --device cpu")
+    return torch.device(name)
+
+
+def autocast_for(device: torch.device, precision: str):
+    if precision == "fp32":
+        return nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def prepare_raw(job: TrainJob) -> Path:
+    """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them)."""
+    assert job.raw is not None
+    data_dir = Path(job.save_dir) / "data"
+    if (data_dir / "meta.json").exists():
+        log.info(f"using the data prepared earlier in {data_dir}")
+        return data_dir
+    src, tgt = job.train.src_lang, job.train.tgt_lang
+    if not src or not tgt:
+        raise ConfigError("training on raw files needs --src and --tgt")
+    from .textio import find_split_file
+
+    files = [find_split_file(job.raw.train_prefix, src), find_split_file(job.raw.train_prefix, tgt)]
+    find_split_file(job.raw.valid_prefix, src), find_split_file(job.raw.valid_prefix, tgt)  # fail early
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log.info(f"training a {job.raw.tokenizer.model_type} tokenizer ({job.raw.tokenizer.vocab_size} pieces) on {', '.join(map(str, files))}")
+    model_path = train_tokenizer(files, str(data_dir / "tokenizer"), job.raw.tokenizer)
+    log.info(f"binarizing into {data_dir}")
+    binarize(src, tgt, [SplitSpec("train", job.raw.train_prefix), SplitSpec("valid", job.raw.valid_prefix)],
+             model_path, data_dir, workers=job.raw.workers)
+    return data_dir
+
+
+class Trainer:
+    def __init__(self, job: TrainJob):
+        self.job = job
+        self.paths = RunPaths(job.save_dir)
+        cfg = job.train
+        self.device = pick_device(cfg.device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        data_dir = prepare_raw(job) if job.raw is not None else Path(job.data_dir)
+        self.data_dir = data_dir
+        self.meta = read_meta(data_dir)
+        self.tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
+        if self.tokenizer.vocab_size != self.meta["vocab_size"]:
+            raise InputError(f"{data_dir}/tokenizer.model has {self.tokenizer.vocab_size} pieces but meta.json says {self.meta['vocab_size']}; binarize again")
+        self.train_set = ParallelDataset(data_dir, "train", self.meta)
+        self.valid_set = ParallelDataset(data_dir, "valid", self.meta) if "valid" in self.meta["splits"] else None
+        sp = self.meta["special_ids"]
+        self.model_config = job.model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
+        self.train_config = cfg.replace(src_lang=self.meta["src_lang"], tgt_lang=self.meta["tgt_lang"])
+        self.configs = {"model": self.model_config.to_dict(), "optim": job.optim.to_dict(), "train": self.train_config.to_dict()}
+        if cfg.precision == "fp16" and self.device.type == "cpu":
+            log.warn("fp16 on CPU is slow and only useful for testing; bf16 is the fast CPU format")
+
+        torch.manual_seed(cfg.seed)
+        self.model = Transformer(self.model_config).to(self.device)
+        fused = self.device.type == "cuda" or hasattr(torch.optim.Adam, "_step_supports_amp_scaling")
+        o = job.optim
+        kwargs: dict[str, Any] = dict(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        try:
+            self.optimizer = torch.optim.Adam(self.model.parameters(), fused=fused, **kwargs)
+        except (RuntimeError, TypeError):
+            self.optimizer = torch.optim.Adam(self.model.parameters(), foreach=True, **kwargs)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        self.state = {"updates": 0, "epoch": 1, "batch_in_epoch": 0, "best_valid_loss": float("inf"),
+                      "train_seconds": 0.0, "train_tokens": 0, "last_valid_loss": float("nan")}
+        self._resume_or_start()
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def _resume_or_start(self) -> None:
+        save_dir = self.paths.save_dir
+        save_dir.mkdir(parents=True, exist_ok=True)
+        if not self.paths.last.exists():
+            if self.paths.best.exists():
+                raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir")
+            self.paths.config.write_text(json.dumps(self.configs, indent=2) + "\n")
+            return
+        ckpt = checkpoint.load(self.paths.last)
+        saved = ckpt["configs"]
+        diffs = [d for d in config_diff(_without(saved), _without(self.configs))]
+        if diffs:
+            raise ConfigError(
+                f"{self.paths.last}: saved with a different configuration, so it cannot be resumed: "
+                + "; ".join(diffs) + ". Use the same settings, or another --save-dir"
+            )
+        if checkpoint.tokenizer_bytes(ckpt) != self.tokenizer.model_bytes:
+            raise InputError(f"{self.paths.last}: was trained with another tokenizer than {self.data_dir}/tokenizer.model")
+        self.model.load_state_dict(ckpt["weights"], strict=False)
+        ts = ckpt["train_state"]
+        self.optimizer.load_state_dict(ts["optimizer"])
+        if ts.get("scaler"):
+            self.scaler.load_state_dict(ts["scaler"])
+        torch.set_rng_state(ts["rng_cpu"])
+        if self.device.type == "cuda" and ts.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(ts["rng_cuda"])
+        self.state.update(ts["progress"])
+        log.info(f"resuming {self.paths.last}: update {self.state['updates']}, epoch {self.state['epoch']}")
+
+    # ---- one update ---------------------------------------------------------------------
+    def _step(self, batch) -> tuple[float, float, int]:
+        model, cfg = self.model, self.train_config
+        src = batch.src.to(self.device, non_blocking=True)
+        tgt_in = batch.tgt_in.to(self.device, non_blocking=True)
+        tgt_out = batch.tgt_out.to(self.device, non_blocking=True)
+        lr = inverse_sqrt_lr(self.state["updates"] + 1, self.job.optim.lr, self.job.optim.warmup)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with autocast_for(self.device, cfg.precision):
+            memory, src_pad = model.encode(src)
+            features = model.decode_features(tgt_in, memory, src_pad)
+            loss, nll, n = label_smoothed_nll(features, model.output, tgt_out, self.model_config.pad_id, self.job.optim.label_smoothing)
+        self.scaler.scale(loss / n).backward()
+        if self.job.optim.clip_norm > 0:
+            self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.job.optim.clip_norm, foreach=True)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach()), float(nll), n
+
+    @torch.no_grad()
+    def validate(self) -> tuple[float, float]:
+        """Label-smoothed loss and NLL per target token (nats) on the validation split."""
+        if self.valid_set is None:
+            return float("nan"), float("nan")
+        self.model.eval()
+        sp = self.model_config
+        batches, _ = epoch_batches(self.valid_set, self.train_config.max_tokens, sp.max_positions, 0, 0, shuffle=False)
+        total_loss = total_nll = 0.0
+        total_n = 0
+        for ids in batches:
+            b = collate(self.valid_set, ids, sp.pad_id, sp.bos_id, sp.eos_id)
+            with autocast_for(self.device, self.train_config.precision):
+                memory, src_pad = self.model.encode(b.src.to(self.device))
+                feats = self.model.decode_features(b.tgt_in.to(self.device), memory, src_pad)
+                loss, nll, n = label_smoothed_nll(feats, self.model.output, b.tgt_out.to(self.device), sp.pad_id, self.job.optim.label_smoothing)
+            total_loss += float(loss)
+            total_nll += float(nll)
+            total_n += n
+        self.model.train()
+        return total_loss / max(total_n, 1), total_nll / max(total_n, 1)
+
+    def _save(self, valid_loss: float) -> None:
+        weights = checkpoint.model_state(self.model)
+        progress = {k: self.state[k] for k in self.state}
+        train_state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
+            "progress": progress,
+        }
+        ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
+                                valid_loss=valid_loss, updates=self.state["updates"])
+        checkpoint.save(ckpt, self.paths.last)
+        if valid_loss < self.state["best_valid_loss"] or not self.paths.best.exists():
+            if valid_loss < self.state["best_valid_loss"]:
+                self.state["best_valid_loss"] = valid_loss
+            ckpt.pop("train_state")
+            checkpoint.save(ckpt, self.paths.best)
+
+    def _metrics(self, record: dict) -> None:
+        with open(self.paths.metrics, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    # ---- the loop ----------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg, st = self.train_config, self.state
+        mc = self.model_config
+        log.info(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters, "
+                 f"{mc.encoder_layers}+{mc.decoder_layers} layers, d_model {mc.d_model}, {mc.n_heads} heads, "
+                 f"device {self.device}, precision {cfg.precision}, threads {torch.get_num_threads()}")
+        total, unit = (cfg.max_updates, "update") if cfg.max_updates else ((cfg.max_time, "second") if cfg.max_time else (cfg.max_epochs or None, "epoch"))
+        progress = log.Progress(total, unit, cfg.log_interval)
+        start = time.monotonic() - st["train_seconds"]
+        window_tokens, window_start = 0, time.monotonic()
+        stopped_by, skipped = "", 0
+        self.model.train()
+        try:
+            while not stopped_by:
+                batches, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st["epoch"])
+                if not batches:
+                    raise InputError(f"{self.data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {mc.max_positions} positions")
+                if st["updates"] == 0 and st["batch_in_epoch"] == 0 and skipped:
+                    log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
+                for k in range(st["batch_in_epoch"], len(batches)):
+                    batch = collate(self.train_set, batches[k], mc.pad_id, mc.bos_id, mc.eos_id)
+                    loss, nll, n = self._step(batch)
+                    st["updates"] += 1
+                    st["batch_in_epoch"] = k + 1
+                    st["train_tokens"] += n
+                    window_tokens += n
+                    now = time.monotonic()
+                    st["train_seconds"] = now - start
+                    lr = self.optimizer.param_groups[0]["lr"]
+                    if now - window_start >= cfg.log_interval or st["updates"] == 1:
+                        rate = window_tokens / max(now - window_start, 1e-9)
+                        self._metrics({"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss / n,
+                                       "ppl": math.exp(min(nll / n, 50)), "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
+                        window_tokens, window_start = 0, now
+                        stats = f"epoch {st['epoch']} | update {st['updates']} | loss {loss / n:.3f} | ppl {math.exp(min(nll / n, 50)):.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
+                        done = {"update": st["updates"], "second": st["train_seconds"], "epoch": st["epoch"] - 1 + (k + 1) / len(batches)}[unit]
+                        progress.update(done, stats)
+                    stopped_by = self._limit_reached(epoch_done=False)
+                    if cfg.validate_interval_updates and st["updates"] % cfg.validate_interval_updates == 0 and not stopped_by:
+                        self._validate_and_save()
+                    if stopped_by:
+                        break
+                else:
+                    st["epoch"] += 1
+                    st["batch_in_epoch"] = 0
+                    stopped_by = self._limit_reached(epoch_done=True)
+                self._validate_and_save()
+        except KeyboardInterrupt:
+            progress.close()
+            log.warn("interrupted: saving last.pt so the run can resume")
+            self._save(float("inf"))  # not validated: never replaces best.pt
+            raise
+        finally:
+            progress.close()
+        st["train_seconds"] = time.monotonic() - start
+        return TrainResult(
+            updates=st["updates"], epochs=st["epoch"] - 1 + st["batch_in_epoch"] / max(len(batches), 1),
+            best_valid_loss=st["best_valid_loss"], last_valid_loss=st["last_valid_loss"],
+            train_tokens=st["train_tokens"], train_seconds=st["train_seconds"], skipped_too_long=skipped,
+            save_dir=self.paths.save_dir, stopped_by=stopped_by,
+        )
+
+    def _limit_reached(self, epoch_done: bool) -> str:
+        cfg, st = self.train_config, self.state
+        if cfg.max_updates and st["updates"] >= cfg.max_updates:
+            return "max-updates"
+        if cfg.max_time and st["train_seconds"] >= cfg.max_time:
+            return "max-time"
+        if epoch_done and cfg.max_epochs and st["epoch"] > cfg.max_epochs:
+            return "max-epochs"
+        return ""
+
+    def _validate_and_save(self) -> None:
+        st = self.state
+        t0 = time.monotonic()
+        valid_loss, valid_nll = self.validate()
+        st["last_valid_loss"] = valid_loss
+        self._save(valid_loss if not math.isnan(valid_loss) else float("inf"))
+        seconds = time.monotonic() - t0
+        self._metrics({"kind": "valid", "update": st["updates"], "epoch": st["epoch"], "loss": valid_loss,
+                       "nll": valid_nll, "ppl": math.exp(min(valid_nll, 50)) if not math.isnan(valid_nll) else None,
+                       "best_loss": st["best_valid_loss"], "seconds": st["train_seconds"], "valid_seconds": seconds})
+        log.info(f"valid | update {st['updates']} | loss {valid_loss:.3f} | ppl {math.exp(min(valid_nll, 50)) if not math.isnan(valid_nll) else float('nan'):.2f} "
+                 f"| best {st['best_valid_loss']:.3f} | {seconds:.1f}s")
+
+
+def _without(configs: dict) -> dict:
+    out = json.loads(json.dumps(configs))
+    for key in RESUMABLE_CHANGES:
+        out.get("train", {}).pop(key, None)
+    return out
+
+
+def train(job: TrainJob) -> TrainResult:
+    return Trainer(job).run()
+

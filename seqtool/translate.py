@@ -1,0 +1,206 @@
+"""Text in, translations out, in input order.
+
+Owns the path from lines of text to lines of translation: a bounded chunk of lines is read
+(when input pauses, what has arrived is translated within ~50 ms rather than waiting for a full
+chunk), tokenized, cropped to the model's positions with a warning, sorted by length, batched
+under --max-tokens / --batch-size, searched, put back in input order, detokenized, written and
+flushed. `Translator` is also the Python API for programs that embed seqtool.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator, Optional, TextIO
+
+import torch
+
+from . import checkpoint, log
+from .config import DecodeConfig
+from .search import Hypothesis, search
+from .textio import InputError, decode_line
+from .tokenizer import Tokenizer
+
+IDLE_FLUSH_SECONDS = 0.05
+
+
+@dataclass
+class Translation:
+    index: int  # 0-based input line number
+    source: str
+    hypotheses: list[Hypothesis]  # best first; empty for an empty line
+    texts: list[str]
+
+
+class Translator:
+    """Load a checkpoint once, translate many lines.
+
+    >>> t = Translator.load("run/best.pt", DecodeConfig(beam=5))
+    >>> t.translate(["Hola mundo."])
+    """
+
+    def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device):
+        self.model, self.tokenizer, self.config, self.device = model, tokenizer, config, device
+        self.max_src = model.config.max_positions - 1  # room for the EOS
+
+    @classmethod
+    def load(cls, path: Path, config: Optional[DecodeConfig] = None) -> "Translator":
+        from .train import pick_device
+
+        config = config or DecodeConfig()
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        device = pick_device(config.device)
+        ckpt = checkpoint.load(Path(path))
+        model = checkpoint.load_model(ckpt, device)
+        tokenizer = Tokenizer(checkpoint.tokenizer_bytes(ckpt), f"{path} (tokenizer)")
+        return cls(model, tokenizer, config, device)
+
+    def _autocast(self):
+        p = self.config.precision
+        if p == "fp32":
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16 if p == "bf16" else torch.float16)
+
+    def _encode(self, index: int, line: str) -> list[int]:
+        ids = self.tokenizer.encode(line) if line else []
+        if len(ids) > self.max_src:
+            log.warn(f"input line {index + 1}: {len(ids)} tokens, cropped to the model's {self.max_src}")
+            ids = ids[: self.max_src]
+        return ids
+
+    def _batches(self, order: list[int], lengths: list[int]) -> Iterator[list[int]]:
+        c = self.config
+        batch: list[int] = []
+        width = 0
+        for i in order:
+            w = max(width, lengths[i] + 1)
+            if batch and (len(batch) >= c.batch_size or (c.max_tokens and w * (len(batch) + 1) > c.max_tokens)):
+                yield batch
+                batch, w = [], lengths[i] + 1
+            batch.append(i)
+            width = w
+        if batch:
+            yield batch
+
+    def translate_chunk(self, start: int, lines: list[str]) -> list[Translation]:
+        """Translate lines numbered start, start+1, ...; results in the same order."""
+        c, pad, eos = self.config, self.model.config.pad_id, self.model.config.eos_id
+        ids = [self._encode(start + k, line) for k, line in enumerate(lines)]
+        results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
+        todo = [k for k in range(len(lines)) if ids[k]]  # an empty line translates to an empty line
+        lengths = [len(x) for x in ids]
+        todo.sort(key=lambda k: lengths[k], reverse=True)
+        for batch in self._batches(todo, lengths):
+            S = max(lengths[k] for k in batch) + 1
+            src = torch.full((len(batch), S), pad, dtype=torch.long)
+            for row, k in enumerate(batch):
+                src[row, : lengths[k]] = torch.tensor(ids[k])
+                src[row, lengths[k]] = eos
+            with torch.inference_mode(), self._autocast():
+                hyps = search(self.model, src.to(self.device), c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest)
+            for k, h in zip(batch, hyps):
+                results[k] = h
+        out = []
+        for k, line in enumerate(lines):
+            hyps = results[k] or []
+            out.append(Translation(start + k, line, hyps, [self.tokenizer.decode(h.tokens) for h in hyps]))
+        return out
+
+    def translate(self, lines: Iterable[str]) -> list[str]:
+        """Best translation of each line (for programs that embed seqtool)."""
+        return [t.texts[0] if t.texts else "" for t in self.translate_stream(lines)]
+
+    def translate_stream(self, lines: Iterable[str]) -> Iterator[Translation]:
+        chunk: list[str] = []
+        start = 0
+        for line in lines:
+            if line.endswith("\n"):
+                line = line[:-1].removesuffix("\r")
+            chunk.append(line)
+            if len(chunk) >= self.config.chunk_lines:
+                yield from self.translate_chunk(start, chunk)
+                start += len(chunk)
+                chunk = []
+        if chunk:
+            yield from self.translate_chunk(start, chunk)
+
+
+def format_translation(t: Translation, config: DecodeConfig) -> str:
+    """Plain: the best hypothesis. With --nbest N > 1 or --print-scores: N tab-separated lines."""
+    if config.nbest == 1 and not config.print_scores:
+        return (t.texts[0] if t.texts else "") + "\n"
+    rows = [f"{t.index}\t{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.texts)]
+    if not rows:  # an empty line: one empty hypothesis, still N lines as promised
+        rows = [f"{t.index}\t0.0000\t"] * config.nbest
+    rows += [rows[-1]] * (config.nbest - len(rows))
+    return "\n".join(rows) + "\n"
+
+
+class _LineReader:
+    """Reads lines (\\n only) in a thread, so the main loop can stop waiting after a short pause."""
+
+    def __init__(self, stream: BinaryIO, name: str, maxsize: int):
+        self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
+        self.stream, self.name = stream, name
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            for lineno, raw in enumerate(self.stream, start=1):
+                try:
+                    text = decode_line(raw, self.name, lineno)
+                except InputError:
+                    log.warn(f"{self.name}:{lineno}: invalid UTF-8, undecodable bytes replaced by U+FFFD")
+                    text = decode_line(raw, self.name, lineno, errors="replace")
+                self.queue.put(text)
+        except BaseException as error:  # handed to the main thread, which reports it
+            self.queue.put(error)
+        self.queue.put(None)
+
+    def chunks(self, size: int) -> Iterator[list[str]]:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            chunk = [item]
+            while len(chunk) < size:
+                try:
+                    item = self.queue.get(timeout=IDLE_FLUSH_SECONDS)
+                except queue.Empty:
+                    break  # input paused: translate what has arrived
+                if item is None or isinstance(item, BaseException):
+                    self.queue.put(item)  # seen again by the outer loop
+                    break
+                chunk.append(item)
+            yield chunk
+
+
+def translate_file(checkpoint_path: Path, config: DecodeConfig, input_path: Optional[Path] = None,
+                   output: Optional[TextIO] = None) -> int:
+    """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines."""
+    translator = Translator.load(checkpoint_path, config)
+    output = output or sys.stdout
+    if input_path is not None:
+        from .textio import open_binary
+
+        stream, name = open_binary(input_path), str(input_path)
+    else:
+        stream, name = sys.stdin.buffer, "<stdin>"
+        if sys.stdin.isatty():
+            log.info("reading from the terminal: type lines, end with Ctrl-D")
+    reader = _LineReader(stream, name, maxsize=4 * config.chunk_lines)
+    count = 0
+    for chunk in reader.chunks(config.chunk_lines):
+        for t in translator.translate_chunk(count, chunk):
+            output.write(format_translation(t, config))
+        output.flush()
+        count += len(chunk)
+    return count
