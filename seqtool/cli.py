@@ -138,8 +138,8 @@ def train(
     data_dir: Annotated[Optional[Path], typer.Argument(help="DATA_DIR from binarize (or give raw files with --src/--tgt/--train/--valid).")] = None,
     *,
     save_dir: Annotated[Path, typer.Option("--save-dir", help="Where last.pt, best.pt, config.json and metrics.jsonl go.")],
-    arch: Annotated[str, typer.Option("--arch", help="tiny, small, base or big.")] = "small",
-    config_file: Annotated[Optional[Path], typer.Option("--config", help="TOML file with [model], [optim], [train] tables; options given here win.")] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="tiny, small, base or big [default: small].")] = None,
+    config_file: Annotated[Optional[Path], typer.Option("--config", help="TOML file with model, optim and train tables (and an arch key); options given here win.")] = None,
     max_tokens: MaxTokens = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
     warmup: Annotated[Optional[int], typer.Option("--warmup", help="Linear warmup updates.")] = None,
@@ -170,7 +170,7 @@ def train(
     model_over = dict(file_cfg.get("model", {}))
     optim_over = dict(file_cfg.get("optim", {}))
     train_over = dict(file_cfg.get("train", {}))
-    arch = file_cfg.get("arch", arch) if arch == "small" else arch
+    arch = arch or file_cfg.get("arch", "small")
     for key, value in (("dropout", dropout), ("pre_norm", pre_norm)):
         if value is not None:
             model_over[key] = value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -92,9 +93,10 @@ def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerC
     except RuntimeError as error:
         message = str(error)
         if "Vocabulary size" in message or "vocab_size" in message:
+            limit = re.search(r"<= *(\d+)", message)
+            most = f"at most {limit.group(1)} pieces fit it" if limit else "it has too few distinct pieces"
             raise InputError(
-                f"--vocab-size {config.vocab_size} is too large for this data ({message.strip().splitlines()[-1]}); "
-                "lower --vocab-size or add text"
+                f"--vocab-size {config.vocab_size} is too large for this data ({most}); lower --vocab-size or add text"
             ) from None
         raise InputError(f"sentencepiece failed: {message.strip().splitlines()[-1]}") from None
     from .textio import atomic_write_bytes
