@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny models and tiny corpora made on the fly (tests never download anything)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from seqtool.config import model_config_for
+from seqtool.model import Transformer
+
+torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+
+
+@pytest.fixture
+def tiny_model():
+    torch.manual_seed(0)
+    return Transformer(model_config_for("tiny", vocab_size=40, dropout=0.0, max_positions=64)).eval()
+
+
+def write_reverse_corpus(directory: Path, n_train: int, n_valid: int, seed: int = 0, letters: str = "abcdefghij",
+                         lengths: tuple[int, int] = (5, 15)) -> dict[str, tuple[list[str], list[str]]]:
+    """PREFIX.src: random letter sequences; PREFIX.tgt: the same reversed. Returns the texts."""
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    out = {}
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_valid)):
+        src, tgt = [], []
+        while len(src) < n:
+            seq = [rng.choice(letters) for _ in range(rng.randint(*lengths))]
+            line = " ".join(seq)
+            if line in seen:  # held-out sequences are never seen in training
+                continue
+            seen.add(line)
+            src.append(line)
+            tgt.append(" ".join(reversed(seq)))
+        (directory / f"{split}.src").write_text("\n".join(src) + "\n")
+        (directory / f"{split}.tgt").write_text("\n".join(tgt) + "\n")
+        out[split] = (src, tgt)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """An untrained tiny model with a real tokenizer, saved as a seqtool checkpoint."""
+    from seqtool import checkpoint
+    from seqtool.config import OptimConfig, TokenizerConfig, TrainConfig
+    from seqtool.tokenizer import train_tokenizer
+
+    d = tmp_path_factory.mktemp("ckpt")
+    write_reverse_corpus(d, 200, 10)
+    spm = train_tokenizer([d / "train.src", d / "train.tgt"], str(d / "spm"), TokenizerConfig(vocab_size=24))
+    torch.manual_seed(0)
+    config = model_config_for("tiny", vocab_size=24, dropout=0.0, max_positions=32)
+    model = Transformer(config)
+    configs = {"model": config.to_dict(), "optim": OptimConfig().to_dict(), "train": TrainConfig().to_dict()}
+    path = d / "model.pt"
+    checkpoint.save(checkpoint.build(configs, spm.read_bytes(), checkpoint.model_state(model)), path)
+    return path

@@ -1,0 +1,104 @@
+"""Checkpoints: self-contained, loaded without running code, corruption detected, averaging."""
+
+import pickle
+
+import pytest
+import torch
+
+from seqtool import checkpoint
+from seqtool.search import beam_search
+from seqtool.textio import InputError
+
+
+def test_round_trip_gives_identical_outputs(tiny_checkpoint, tmp_path):
+    ckpt = checkpoint.load(tiny_checkpoint)
+    model = checkpoint.load_model(ckpt)
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+    first = beam_search(model, src, beam=3, max_len_b=10, nbest=3)
+    again = checkpoint.load_model(checkpoint.load(tiny_checkpoint))
+    second = beam_search(again, src, beam=3, max_len_b=10, nbest=3)
+    assert [[(h.tokens, h.score) for h in s] for s in first] == [[(h.tokens, h.score) for h in s] for s in second]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, again.state_dict()[name])
+
+
+def test_checkpoint_holds_only_plain_data(tiny_checkpoint):
+    raw = torch.load(tiny_checkpoint, weights_only=True)  # would raise on any pickled object
+    assert raw["format_version"] == checkpoint.FORMAT_VERSION
+    assert raw["model_config"]["d_model"] == 128
+    assert isinstance(raw["tokenizer"], torch.Tensor)
+
+
+class Exploit:
+    def __reduce__(self):
+        return (print, ("code ran",))
+
+
+def test_a_pickle_carrying_code_is_refused_not_run(tmp_path, capsys):
+    path = tmp_path / "evil.pt"
+    torch.save({"format_version": 1, "payload": Exploit()}, path)
+    with pytest.raises(InputError, match="refused"):
+        checkpoint.load(path)
+    assert "code ran" not in capsys.readouterr().out
+
+
+def test_truncated_checkpoint_is_reported(tiny_checkpoint, tmp_path):
+    data = tiny_checkpoint.read_bytes()
+    path = tmp_path / "cut.pt"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="truncated or corrupted"):
+        checkpoint.load(path)
+
+
+def test_changed_weights_are_reported_as_corruption(tiny_checkpoint, tmp_path):
+    ckpt = torch.load(tiny_checkpoint, weights_only=True)
+    name = next(iter(ckpt["weights"]))
+    ckpt["weights"][name] = ckpt["weights"][name].clone()
+    ckpt["weights"][name].view(-1)[0] += 1.0
+    path = tmp_path / "flip.pt"
+    torch.save(ckpt, path)
+    with pytest.raises(InputError, match="sha256"):
+        checkpoint.load(path)
+
+
+def test_other_format_version_is_explained(tiny_checkpoint, tmp_path):
+    ckpt = torch.load(tiny_checkpoint, weights_only=True)
+    ckpt["format_version"] = 42
+    torch.save(ckpt, tmp_path / "v42.pt")
+    with pytest.raises(InputError, match="format version 42"):
+        checkpoint.load(tmp_path / "v42.pt")
+
+
+def test_failed_save_keeps_the_previous_file(tiny_checkpoint, tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    path.write_bytes(tiny_checkpoint.read_bytes())
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", fail)
+    with pytest.raises(OSError):
+        checkpoint.save({"format_version": 1}, path)
+    assert path.read_bytes() == tiny_checkpoint.read_bytes()
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file left
+
+
+def test_average_of_identical_checkpoints_is_the_same_model(tiny_checkpoint, tmp_path):
+    out = tmp_path / "avg.pt"
+    checkpoint.average([tiny_checkpoint, tiny_checkpoint], out)
+    a = checkpoint.load(tiny_checkpoint)["weights"]
+    b = checkpoint.load(out)["weights"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name])
+
+
+def test_average_is_the_mean(tiny_checkpoint, tmp_path):
+    ckpt = torch.load(tiny_checkpoint, weights_only=True)
+    ckpt["weights"] = {k: v + 2.0 if v.is_floating_point() else v for k, v in ckpt["weights"].items()}
+    ckpt["weights_sha256"] = checkpoint.weights_sha256(ckpt["weights"])
+    torch.save(ckpt, tmp_path / "plus2.pt")
+    checkpoint.average([tiny_checkpoint, tmp_path / "plus2.pt"], tmp_path / "avg.pt")
+    base = checkpoint.load(tiny_checkpoint)["weights"]
+    avg = checkpoint.load(tmp_path / "avg.pt")["weights"]
+    name = "encoder.0.ffn.fc1.weight"
+    torch.testing.assert_close(avg[name], base[name] + 1.0)

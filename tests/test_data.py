@@ -1,0 +1,172 @@
+"""Tokenizer, binarize and batching: ids round-trip, budgets hold, every pair once per epoch."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from seqtool.binarize import SplitSpec, binarize
+from seqtool.config import TokenizerConfig
+from seqtool.data import ParallelDataset, collate, epoch_batches, make_batches, read_meta, shard_batches
+from seqtool.textio import InputError, read_lines
+from seqtool.tokenizer import Tokenizer, train_tokenizer
+
+from conftest import write_reverse_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    texts = write_reverse_corpus(d, 300, 40)
+    model = train_tokenizer([d / "train.src", d / "train.tgt"], str(d / "spm"), TokenizerConfig(vocab_size=24))
+    return d, texts, model
+
+
+def test_tokenizer_has_fixed_special_ids_and_round_trips(corpus):
+    d, texts, model = corpus
+    tok = Tokenizer.load(model)
+    assert (tok.sp.pad_id(), tok.sp.unk_id(), tok.sp.bos_id(), tok.sp.eos_id()) == (0, 1, 2, 3)
+    assert tok.vocab_size == 24
+    line = texts["valid"][0][0]
+    assert tok.decode(tok.encode(line)) == line
+    assert (d / "spm.vocab").exists()
+
+
+def test_tokenizer_reads_gzip_and_samples(tmp_path):
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(3, 9))) for _ in range(300)]
+    with gzip.open(tmp_path / "a.gz", "wt") as f:
+        f.write("\n".join(" ".join(rng.choice(words, 6)) for _ in range(2000)) + "\n")
+    model = train_tokenizer([tmp_path / "a.gz"], str(tmp_path / "m"), TokenizerConfig(vocab_size=100, input_sentence_size=500, model_type="unigram"))
+    assert Tokenizer.load(model).vocab_size == 100
+
+
+def test_vocab_too_large_gives_advice(tmp_path):
+    (tmp_path / "t.txt").write_text("a b\n")
+    with pytest.raises(InputError, match=r"--vocab-size 5000 is too large for this data \(at most \d+ pieces"):
+        train_tokenizer([tmp_path / "t.txt"], str(tmp_path / "m"), TokenizerConfig(vocab_size=5000))
+
+
+def test_binarize_round_trips_ids(corpus, tmp_path):
+    d, texts, model = corpus
+    meta = binarize("src", "tgt", [SplitSpec("train", str(d / "train")), SplitSpec("valid", str(d / "valid"))], model, tmp_path / "bin", workers=1)
+    assert meta["splits"]["train"]["lines"] == 300
+    assert read_meta(tmp_path / "bin")["dtype"] == "uint16"
+    tok = Tokenizer.load(model)
+    ds = ParallelDataset(tmp_path / "bin", "train")
+    for i in (0, 17, 299):
+        assert ds.src[i].tolist() == tok.encode(texts["train"][0][i])
+        assert ds.tgt[i].tolist() == tok.encode(texts["train"][1][i])
+    assert (tmp_path / "bin" / "tokenizer.model").read_bytes() == model.read_bytes()
+
+
+def test_binarize_with_workers_gives_the_same_arrays(corpus, tmp_path):
+    d, _, model = corpus
+    splits = [SplitSpec("train", str(d / "train"))]
+    binarize("src", "tgt", splits, model, tmp_path / "one", workers=1)
+    binarize("src", "tgt", splits, model, tmp_path / "two", workers=2)
+    for name in ("train.src.bin", "train.src.idx", "train.tgt.bin", "train.tgt.idx"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+
+
+def test_binarize_refuses_unequal_line_counts_naming_both(corpus, tmp_path):
+    d, _, model = corpus
+    (tmp_path / "x.src").write_text("a b\nc d\nd e\n")
+    (tmp_path / "x.tgt").write_text("b a\nd c\n")
+    with pytest.raises(InputError) as error:
+        binarize("src", "tgt", [SplitSpec("train", str(tmp_path / "x"))], model, tmp_path / "bin")
+    message = str(error.value)
+    assert "x.src has 3 lines" in message and "x.tgt has 2" in message
+    assert not (tmp_path / "bin" / "meta.json").exists()
+    assert not list((tmp_path / "bin").glob("*.bin"))  # no partial output left
+
+
+def test_binarize_reads_gzip_and_crlf(corpus, tmp_path):
+    d, _, model = corpus
+    with gzip.open(tmp_path / "g.src.gz", "wb") as f:
+        f.write(b"a b c\r\nd e\r\n")
+    (tmp_path / "g.tgt").write_bytes(b"c b a\nd\xe2\x80\xa8e\n")  # U+2028 inside a line stays text
+    binarize("src", "tgt", [SplitSpec("train", str(tmp_path / "g"))], model, tmp_path / "bin")
+    ds = ParallelDataset(tmp_path / "bin", "train")
+    tok = Tokenizer.load(model)
+    assert len(ds) == 2
+    assert ds.src[0].tolist() == tok.encode("a b c")
+
+
+def test_binarize_never_overwrites_without_force(corpus, tmp_path):
+    d, _, model = corpus
+    splits = [SplitSpec("valid", str(d / "valid"))]
+    binarize("src", "tgt", splits, model, tmp_path / "bin")
+    with pytest.raises(InputError, match="--force"):
+        binarize("src", "tgt", splits, model, tmp_path / "bin")
+    binarize("src", "tgt", splits, model, tmp_path / "bin", force=True)
+
+
+def test_lines_end_at_newline_only(tmp_path):
+    (tmp_path / "t").write_bytes(b"one\rtwo\x85\xc2\x85x\r\n\nthree")
+    with pytest.raises(InputError, match=r"t:1: invalid UTF-8"):
+        list(read_lines(tmp_path / "t"))
+    (tmp_path / "u").write_bytes("one\rtwo\u2028x\u0085y\r\n\nthree".encode())
+    assert list(read_lines(tmp_path / "u")) == ["one\rtwo\u2028x\u0085y", "", "three"]
+
+
+def test_batches_respect_the_budget_and_cover_every_pair_once():
+    rng = np.random.default_rng(0)
+    src_len = rng.integers(1, 60, 2000)
+    tgt_len = rng.integers(1, 60, 2000)
+    for seed in (1, 2):
+        batches = make_batches(src_len, tgt_len, 500, seed)
+        for b in batches:
+            assert len(b) * max(src_len[b].max(), tgt_len[b].max()) <= 500
+        ids = np.sort(np.concatenate(batches))
+        assert ids.tolist() == list(range(2000))
+    a = make_batches(src_len, tgt_len, 500, 1)
+    b = make_batches(src_len, tgt_len, 500, 1)
+    c = make_batches(src_len, tgt_len, 500, 2)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))  # seeded: reproducible
+    assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, c))  # reshuffled per epoch
+
+
+def test_too_long_pairs_are_skipped_and_counted(corpus, tmp_path):
+    d, _, model = corpus
+    binarize("src", "tgt", [SplitSpec("train", str(d / "train"))], model, tmp_path / "bin")
+    ds = ParallelDataset(tmp_path / "bin", "train")
+    longest = int(max(ds.src.lengths.max(), ds.tgt.lengths.max())) + 1
+    batches, skipped = epoch_batches(ds, 4096, longest - 1, seed=1, epoch=1)
+    n_long = int((np.maximum(ds.src.lengths, ds.tgt.lengths) + 1 > longest - 1).sum())
+    assert skipped == n_long > 0
+    assert sum(len(b) for b in batches) == len(ds) - n_long
+
+
+def test_ranks_get_equal_disjoint_shares():
+    batches = [np.array([i]) for i in range(11)]
+    shares = [shard_batches(batches, r, 3) for r in range(3)]
+    assert [len(s) for s in shares] == [3, 3, 3]
+    seen = np.concatenate([np.concatenate(s) for s in shares])
+    assert len(set(seen.tolist())) == 9
+
+
+def test_collate_adds_bos_and_eos_and_pads_right(corpus, tmp_path):
+    d, _, model = corpus
+    binarize("src", "tgt", [SplitSpec("valid", str(d / "valid"))], model, tmp_path / "bin")
+    ds = ParallelDataset(tmp_path / "bin", "valid")
+    b = collate(ds, np.array([0, 1]), pad=0, bos=2, eos=3)
+    for row, i in enumerate((0, 1)):
+        t = ds.tgt[i].tolist()
+        assert b.tgt_in[row, : len(t) + 1].tolist() == [2] + t
+        assert b.tgt_out[row, : len(t) + 1].tolist() == t + [3]
+        assert b.src[row, : len(ds.src[i]) + 1].tolist() == ds.src[i].tolist() + [3]
+    assert b.ntokens == sum(len(ds.tgt[i]) + 1 for i in (0, 1))
+
+
+def test_meta_records_what_the_data_is(corpus, tmp_path):
+    d, _, model = corpus
+    binarize("src", "tgt", [SplitSpec("valid", str(d / "valid"))], model, tmp_path / "bin")
+    meta = json.loads((tmp_path / "bin" / "meta.json").read_text())
+    assert meta["src_lang"] == "src" and meta["tgt_lang"] == "tgt" and meta["vocab_size"] == 24
+    assert len(meta["tokenizer_sha256"]) == 64
+    meta["format_version"] = 99
+    (tmp_path / "bin" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(InputError, match="format version 99"):
+        read_meta(tmp_path / "bin")

@@ -1,0 +1,187 @@
+"""The Transformer: masking, padding, cached decoding, attention weights, initialisation."""
+
+import math
+
+import pytest
+import torch
+
+from seqtool.config import ModelConfig, model_config_for
+from seqtool.model import MultiHeadAttention, Transformer, label_smoothed_nll, sinusoidal_positions
+
+
+def _src_tgt(batch=3, S=7, T=6, vocab=40):
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, vocab, (batch, S), generator=g)
+    tgt = torch.randint(4, vocab, (batch, T), generator=g)
+    tgt[:, 0] = 2  # BOS
+    return src, tgt
+
+
+def test_no_position_attends_to_a_later_one(tiny_model):
+    src, tgt = _src_tgt()
+    with torch.no_grad():
+        base = tiny_model(src, tgt)
+        for t in range(1, tgt.size(1)):
+            changed = tgt.clone()
+            changed[:, t:] = torch.randint(4, 40, changed[:, t:].shape)
+            out = tiny_model(src, changed)
+            # positions before t are untouched by what follows them
+            torch.testing.assert_close(out[:, :t], base[:, :t], rtol=0, atol=1e-5)
+
+
+def test_decoder_self_attention_weights_are_zero_on_the_future(tiny_model):
+    src, tgt = _src_tgt()
+    with torch.no_grad():
+        memory, pad = tiny_model.encode(src)
+        _, self_w, _ = tiny_model.decode_features(tgt, memory, pad, need_weights=True)
+    T = tgt.size(1)
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    for w in self_w:
+        assert torch.all(w[..., future] == 0)
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+
+
+def test_source_padding_changes_nothing(tiny_model):
+    src, tgt = _src_tgt(batch=2, S=5)
+    padded = torch.cat([src, torch.zeros(2, 4, dtype=torch.long)], dim=1)  # 4 pad positions
+    with torch.no_grad():
+        a = tiny_model(src, tgt)
+        b = tiny_model(padded, tgt)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_target_padding_changes_nothing_for_real_positions(tiny_model):
+    src, tgt = _src_tgt(batch=2, T=5)
+    padded = torch.cat([tgt, torch.zeros(2, 3, dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        a = tiny_model(src, tgt)
+        b = tiny_model(src, padded)[:, :5]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_rows_are_independent(tiny_model):
+    src, tgt = _src_tgt(batch=3)
+    with torch.no_grad():
+        together = tiny_model(src, tgt)
+        alone = tiny_model(src[1:2], tgt[1:2])
+    torch.testing.assert_close(together[1:2], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pre_norm", [False, True])
+def test_cached_decoding_equals_full_forward(pre_norm):
+    torch.manual_seed(0)
+    model = Transformer(model_config_for("tiny", vocab_size=40, dropout=0.0, pre_norm=pre_norm)).eval()
+    src, tgt = _src_tgt()
+    src[0, 4:] = 0  # one padded source
+    with torch.no_grad():
+        full = model(src, tgt).log_softmax(-1)
+        memory, pad = model.encode(src)
+        cache = model.new_cache(memory, pad)
+        steps = [model.decode(tgt[:, t : t + 1], memory, pad, cache) for t in range(tgt.size(1))]
+        cached = torch.cat(steps, dim=1).log_softmax(-1)
+        # several positions at once on top of a cache (prefix forcing) too
+        cache = model.new_cache(memory, pad)
+        first = model.decode(tgt[:, :2], memory, pad, cache)
+        rest = model.decode(tgt[:, 2:], memory, pad, cache)
+    torch.testing.assert_close(cached, full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.cat([first, rest], 1).log_softmax(-1), full, rtol=1e-4, atol=1e-4)
+
+
+def test_cache_reorder_moves_rows(tiny_model):
+    src, tgt = _src_tgt(batch=3)
+    with torch.no_grad():
+        memory, pad = tiny_model.encode(src)
+        cache = tiny_model.new_cache(memory, pad)
+        tiny_model.decode(tgt[:, :3], memory, pad, cache)
+        order = torch.tensor([2, 0, 0])
+        cache.reorder(order)
+        step = tiny_model.decode(tgt[order, 3:4], None, None, cache)
+        full = tiny_model(src[order], tgt[order, :4])[:, 3:4]
+    torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
+
+
+def test_need_weights_path_gives_the_fused_output():
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4, 0.0, cross=True).eval()
+    x, memory = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, 4:] = True
+    fused, none = attn(x, memory, key_pad=pad)
+    explicit, weights = attn(x, memory, key_pad=pad, need_weights=True)
+    assert none is None
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
+    assert torch.all(weights[1, :, :, 4:] == 0)  # padding gets exactly zero weight
+    # the weights are softmax(QK^T/sqrt(d_k)): recompute by hand
+    q = attn.q_proj(x).view(2, 5, 4, 8).transpose(1, 2)
+    k, v = attn.project_kv(memory)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(8)
+    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
+    torch.testing.assert_close(weights, scores.softmax(-1), rtol=1e-5, atol=1e-6)
+    by_hand = (weights @ v).transpose(1, 2).reshape(2, 5, 32)
+    torch.testing.assert_close(attn.out_proj(by_hand), fused, rtol=1e-5, atol=1e-5)
+
+
+def test_first_loss_is_close_to_ln_vocab():
+    torch.manual_seed(0)
+    V = 1000
+    model = Transformer(model_config_for("tiny", vocab_size=V, dropout=0.0)).eval()
+    src = torch.randint(4, V, (8, 12))
+    tgt_in = torch.randint(4, V, (8, 10))
+    tgt_out = torch.randint(4, V, (8, 10))
+    with torch.no_grad():
+        memory, pad = model.encode(src)
+        feats = model.decode_features(tgt_in, memory, pad)
+        loss, nll, n = label_smoothed_nll(feats, model.output, tgt_out, 0, 0.0)
+    assert abs(float(nll) / n - math.log(V)) < 0.15 * math.log(V)
+
+
+def test_label_smoothed_loss_ignores_padding_and_matches_torch():
+    torch.manual_seed(0)
+    out = torch.nn.Linear(8, 11, bias=False)
+    feats = torch.randn(2, 4, 8)
+    target = torch.tensor([[5, 6, 7, 0], [4, 0, 0, 0]])
+    loss, nll, n = label_smoothed_nll(feats, out, target, 0, 0.1)
+    assert n == 4
+    keep = target.ne(0)
+    logits = out(feats)[keep]
+    ref = torch.nn.functional.cross_entropy(logits, target[keep], label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum"))
+
+
+def test_embeddings_are_tied_and_scaled():
+    model = Transformer(model_config_for("tiny", vocab_size=40))
+    assert model.output.weight is model.embed.weight is model.tgt_embed.weight
+    assert torch.all(model.embed.weight[0] == 0)  # padding row
+    std = model.embed.weight[4:].std().item()
+    assert abs(std - 128 ** -0.5) < 0.2 * 128 ** -0.5
+
+
+def test_sinusoidal_positions_follow_the_paper():
+    pe = sinusoidal_positions(50, 16)
+    pos, i = 7, 3
+    assert pe[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+    assert pe[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 16)), abs=1e-6)
+
+
+def test_presets_match_the_paper():
+    base = model_config_for("base")
+    assert (base.d_model, base.n_heads, base.d_ff, base.encoder_layers) == (512, 8, 2048, 6)
+    big = model_config_for("big")
+    assert (big.d_model, big.n_heads, big.d_ff) == (1024, 16, 4096)
+    with pytest.raises(ValueError):
+        ModelConfig(d_model=100, n_heads=3)
+
+
+def test_too_long_input_is_refused_clearly(tiny_model):
+    with pytest.raises(ValueError, match="max_positions"):
+        tiny_model.encode(torch.randint(4, 40, (1, 65)))
+
+
+def test_bf16_autocast_runs_on_cpu(tiny_model):
+    src, tgt = _src_tgt()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = tiny_model(src, tgt)
+    assert torch.isfinite(out.float()).all()
+    full = tiny_model(src, tgt).detach()
+    assert (out.float().argmax(-1) == full.argmax(-1)).float().mean() > 0.8

@@ -1,0 +1,176 @@
+"""Beam and greedy search, exactly: a fake model with scripted probabilities, and a real model."""
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from seqtool.config import model_config_for
+from seqtool.model import Transformer
+from seqtool.search import beam_search, greedy_search, search
+
+PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
+V = 6
+
+
+@dataclass
+class FakeConfig:
+    pad_id: int = PAD
+    bos_id: int = BOS
+    eos_id: int = EOS
+    max_positions: int = 64
+
+
+class FakeCache:
+    def __init__(self, src_ids):
+        self.src_ids = src_ids  # (rows,) which scripted table each row uses
+        self.prefix = torch.zeros(len(src_ids), 0, dtype=torch.long)
+        self.steps = 0
+
+    def reorder(self, index, cross=True):
+        self.prefix = self.prefix[index]
+        self.src_ids = self.src_ids[index]
+
+
+class ScriptedModel:
+    """P(next | prefix) from a table; the source sentence's first token picks the table."""
+
+    def __init__(self, tables, default):
+        self.tables, self.default = tables, default
+        self.config = FakeConfig()
+        self.calls = []
+
+    def encode(self, src):
+        return torch.zeros(src.size(0), src.size(1), 1), src.eq(PAD)
+
+    def new_cache(self, memory, src_pad):
+        return FakeCache(torch.arange(memory.size(0)))
+
+    def decode(self, tokens, memory, src_pad, cache):
+        cache.prefix = torch.cat([cache.prefix, tokens], dim=1)
+        self.calls.append(tokens.size(0))
+        rows = []
+        for sid, prefix in zip(cache.src_ids.tolist(), cache.prefix.tolist()):
+            probs = self.tables[sid].get(tuple(prefix[1:]), self.default)
+            p = torch.zeros(V)
+            for tok, value in probs.items():
+                p[tok] = value
+            rows.append(p.log())
+        return torch.stack(rows)[:, None, :]
+
+
+# "a" first is most likely, but "b" then EOS is the best complete sentence; long "a a a" wins
+# once scores are divided by length.
+TABLE = {
+    (): {A: 0.5, B: 0.5},
+    (A,): {A: 0.8, EOS: 0.1, B: 0.1},
+    (A, A): {A: 0.8, EOS: 0.1, B: 0.1},
+    (A, A, A): {EOS: 0.8, A: 0.1, B: 0.1},
+    (B,): {EOS: 0.6, A: 0.2, B: 0.2},
+}
+NO_EOS = {A: 0.5, B: 0.5}
+
+
+def _src(n=1):
+    return torch.tensor([[7, EOS]] * n)
+
+
+def test_beam_finds_the_known_best_hypothesis_without_length_penalty():
+    model = ScriptedModel([TABLE], NO_EOS)
+    hyps = beam_search(model, _src(), beam=2, lenpen=0.0, nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[B], [A, A, A]]
+    assert hyps[0].score == pytest.approx(math.log(0.5 * 0.6))
+    assert hyps[1].score == pytest.approx(math.log(0.5 * 0.8 * 0.8 * 0.8))
+
+
+def test_length_penalty_divides_by_length_including_eos():
+    model = ScriptedModel([TABLE], NO_EOS)
+    hyps = beam_search(model, _src(), beam=2, lenpen=1.0, nbest=2)[0]
+    assert [h.tokens for h in hyps] == [[A, A, A], [B]]
+    assert hyps[0].score == pytest.approx(math.log(0.5 * 0.8 ** 3) / 4)
+    assert hyps[1].score == pytest.approx(math.log(0.5 * 0.6) / 2)
+
+
+def test_greedy_takes_the_locally_best_token():
+    table = {(): {A: 0.6, B: 0.4}, (A,): {EOS: 0.4, A: 0.3, B: 0.3}, (B,): {EOS: 0.9, A: 0.05, B: 0.05}}
+    model = ScriptedModel([table], NO_EOS)
+    assert greedy_search(model, _src(), lenpen=0.0)[0][0].tokens == [A]
+    assert beam_search(model, _src(), beam=2, lenpen=0.0)[0][0].tokens == [B]  # 0.36 > 0.24
+
+
+def test_eos_is_not_allowed_first_and_is_forced_at_the_length_limit():
+    table = {(): {EOS: 0.9, A: 0.1}}
+    model = ScriptedModel([table], NO_EOS)
+    for hyps in (greedy_search(model, _src(), max_len_b=3), beam_search(model, _src(), beam=3, max_len_b=3, nbest=3)):
+        for h in hyps[0]:
+            assert 1 <= len(h.tokens) <= 3  # never empty, EOS forced after 3 tokens
+    assert len(greedy_search(model, _src(), max_len_b=3)[0][0].tokens) == 3
+
+
+def test_max_len_a_scales_with_source_length():
+    model = ScriptedModel([{}, {}], NO_EOS)
+    src = torch.tensor([[7, 7, 7, EOS], [7, EOS, PAD, PAD]])
+    out = beam_search(model, src, beam=2, max_len_a=1.0, max_len_b=1)
+    assert [len(h[0].tokens) for h in out] == [5, 3]  # 1 * (source incl. EOS) + 1
+
+
+def test_sentences_in_a_batch_are_decoded_independently_and_finished_ones_leave():
+    short = {(): {A: 0.9, B: 0.1}, (A,): {EOS: 0.95, A: 0.05}}
+    model = ScriptedModel([TABLE, short, TABLE], NO_EOS)
+    batch = beam_search(model, _src(3), beam=2, lenpen=1.0, nbest=2)
+    alone = [beam_search(ScriptedModel([t], NO_EOS), _src(), beam=2, lenpen=1.0, nbest=2)[0] for t in (TABLE, short, TABLE)]
+    assert [[(h.tokens, round(h.score, 6)) for h in hs] for hs in batch] == [[(h.tokens, round(h.score, 6)) for h in hs] for hs in alone]
+    assert min(model.calls) < max(model.calls)  # rows dropped once sentences finished
+
+
+def test_nbest_is_sorted_and_distinct():
+    model = ScriptedModel([TABLE], NO_EOS)
+    hyps = beam_search(model, _src(), beam=4, lenpen=1.0, nbest=4)[0]
+    scores = [h.score for h in hyps]
+    assert scores == sorted(scores, reverse=True)
+    assert len({tuple(h.tokens) for h in hyps}) == len(hyps)
+
+
+@pytest.fixture(scope="module")
+def real_model():
+    torch.manual_seed(3)
+    model = Transformer(model_config_for("tiny", vocab_size=50, dropout=0.0)).eval()
+    # sharpen the output distribution so hypotheses end at different lengths
+    with torch.no_grad():
+        model.embed.weight.mul_(3.0)
+    return model
+
+
+def test_beam_size_one_equals_greedy(real_model):
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 50, (8, 9), generator=g)
+    src[:, -1] = EOS
+    src[2, 5:] = PAD
+    src[2, 4] = EOS
+    greedy = greedy_search(real_model, src, max_len_b=20)
+    beam1 = beam_search(real_model, src, beam=1, max_len_b=20)
+    assert [h[0].tokens for h in greedy] == [h[0].tokens for h in beam1]
+    for a, b in zip(greedy, beam1):
+        assert a[0].score == pytest.approx(b[0].score, abs=1e-5)
+
+
+def test_beam_score_is_the_models_length_normalised_log_probability(real_model):
+    src = torch.tensor([[5, 9, 11, 7, EOS]])
+    hyp = search(real_model, src, beam=4, max_len_a=0, max_len_b=12, lenpen=1.0)[0][0]
+    tokens = torch.tensor([[BOS] + hyp.tokens])
+    target = torch.tensor(hyp.tokens + [EOS])
+    with torch.no_grad():
+        lp = real_model(src, tokens).log_softmax(-1)[0]
+    total = lp[torch.arange(len(target)), target].sum().item()
+    assert hyp.score == pytest.approx(total / len(target), abs=1e-4)
+
+
+def test_batched_beam_equals_one_at_a_time(real_model):
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 50, (5, 6), generator=g)
+    src[:, -1] = EOS
+    together = beam_search(real_model, src, beam=3, max_len_b=15, nbest=2)
+    for i in range(5):
+        alone = beam_search(real_model, src[i : i + 1], beam=3, max_len_b=15, nbest=2)[0]
+        assert [h.tokens for h in together[i]] == [h.tokens for h in alone]

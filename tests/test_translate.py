@@ -1,0 +1,102 @@
+"""Translation as a stream: one line out per line in, in order, whatever the input looks like."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+
+from seqtool.config import DecodeConfig
+from seqtool.translate import Translator, format_translation, translate_file
+
+
+@pytest.fixture(scope="module")
+def translator(tiny_checkpoint):
+    return Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=8, batch_size=3, device="cpu"))
+
+
+def test_order_is_preserved_whatever_the_batching(translator, tiny_checkpoint):
+    lines = ["a b c d e f g h", "a", "", "c d", "e f g", "j i h g f e d c b a", "b"] * 3
+    expected = [translator.translate([line])[0] for line in lines]  # one at a time
+    for batch_size, max_tokens in ((3, 0), (64, 0), (1, 0), (64, 12)):
+        t = Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=8, batch_size=batch_size, max_tokens=max_tokens, device="cpu", chunk_lines=5))
+        assert t.translate(lines) == expected
+
+
+def test_empty_lines_give_empty_lines(translator):
+    out = translator.translate(["", "a b", ""])
+    assert out[0] == "" and out[2] == ""
+
+
+def test_long_lines_are_cropped_with_a_warning_not_dropped(translator, capsys):
+    out = translator.translate(["a " * 200, "b"])
+    assert len(out) == 2
+    assert "cropped" in capsys.readouterr().err
+
+
+def _run_cli(ckpt, data: bytes, *args):
+    return subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(ckpt), "--beam", "2", "--max-len-b", "6",
+                           "--device", "cpu", *args], input=data, capture_output=True, timeout=120)
+
+
+def test_cli_writes_one_line_per_input_line(tiny_checkpoint):
+    data = "a b\r\nc\u2028d\n\n\x85e f\ng\rh\nlast line without newline".encode()
+    result = _run_cli(tiny_checkpoint, data)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.decode().count("\n") == 6
+    assert result.stdout.decode().split("\n")[2] == ""  # the empty line
+    assert b"Traceback" not in result.stderr
+
+
+def test_cli_replaces_invalid_utf8_with_a_warning(tiny_checkpoint):
+    result = _run_cli(tiny_checkpoint, b"a b\n\xff\xfe c\nd\n")
+    assert result.returncode == 0
+    assert result.stdout.count(b"\n") == 3
+    assert b"<stdin>:2: invalid UTF-8" in result.stderr
+
+
+def test_nbest_format(tiny_checkpoint):
+    result = _run_cli(tiny_checkpoint, b"a b\n\nc\n", "--nbest", "2")
+    rows = result.stdout.decode().splitlines()
+    assert len(rows) == 6
+    fields = [r.split("\t") for r in rows]
+    assert [f[0] for f in fields] == ["0", "0", "1", "1", "2", "2"]
+    assert all(len(f) == 3 for f in fields)
+    assert float(fields[0][1]) >= float(fields[1][1])
+
+
+def test_print_scores_is_one_line_per_input(tiny_checkpoint):
+    result = _run_cli(tiny_checkpoint, b"a b\nc\n", "--print-scores")
+    rows = result.stdout.decode().splitlines()
+    assert [r.split("\t")[0] for r in rows] == ["0", "1"]
+
+
+def test_head_ends_quietly(tiny_checkpoint):
+    cmd = (f"yes 'a b c' | head -n 5000 | {sys.executable} -m seqtool translate -c {tiny_checkpoint} --beam 1 "
+           f"--max-len-b 4 --device cpu | head -n 1")
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, timeout=120)
+    assert result.stdout.count(b"\n") == 1
+    assert b"Traceback" not in result.stderr and b"Broken pipe" not in result.stderr
+
+
+def test_output_file_is_written_atomically(tiny_checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a b\nc d\n")
+    out = tmp_path / "out.txt"
+    result = _run_cli(tiny_checkpoint, b"", "--input", str(src), "--output", str(out))
+    assert result.returncode == 0, result.stderr.decode()
+    assert out.read_text().count("\n") == 2
+    assert [p.name for p in tmp_path.iterdir()] == sorted(["in.txt", "out.txt"]) or set(p.name for p in tmp_path.iterdir()) == {"in.txt", "out.txt"}
+
+
+def test_translate_file_streams_from_a_file(tiny_checkpoint, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("a\nb c\n\n")
+    buffer = io.StringIO()
+    n = translate_file(tiny_checkpoint, DecodeConfig(beam=1, max_len_b=5, device="cpu"), src, buffer)
+    assert n == 3 and buffer.getvalue().count("\n") == 3
+
+
+def test_format_pads_nbest_for_empty_lines(translator):
+    t = translator.translate_chunk(0, [""])[0]
+    assert format_translation(t, DecodeConfig(beam=3, nbest=3)) == "0\t0.0000\t\n" * 3
