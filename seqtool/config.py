@@ -128,7 +128,7 @@ class TrainConfig(_Config):
     tgt_lang: str = ""
 
     def __post_init__(self):
-        _check(self.max_tokens >= 8, f"--max-tokens must be >= 8, got {self.max_tokens}")
+        _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
         _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
         _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
                f"--device must be auto, cpu or cuda, got {self.device!r}")

@@ -1,7 +1,8 @@
 """System test: the whole CLI chain on a task the model must learn.
 
 train-tokenizer -> binarize -> train -> translate -> score, in a temp dir, on reversing letter
-sequences of length 5-15; held-out sequences must come back reversed exactly, >= 95% of them.
+sequences of length 5-15 over 20 letters; held-out sequences must come back reversed exactly,
+>= 95% of them (measured: 97-98% after 800-1000 updates of the tiny pre-norm model).
 """
 
 import json
@@ -25,12 +26,13 @@ def seqtool(*args, cwd, stdin=None):
 
 @pytest.mark.slow
 def test_cli_chain_learns_to_reverse(tmp_path):
-    texts = write_reverse_corpus(tmp_path, 5000, 200, seed=0)
-    seqtool("train-tokenizer", "train.src", "train.tgt", "--model-prefix", "spm", "--vocab-size", "24", cwd=tmp_path)
+    texts = write_reverse_corpus(tmp_path, 5000, 200, seed=0, letters="abcdefghijklmnopqrst")
+    # 45 pieces: the 4 specials, "▁", the 20 letters and the 20 "▁letter" pieces: one token per letter
+    seqtool("train-tokenizer", "train.src", "train.tgt", "--model-prefix", "spm", "--vocab-size", "45", cwd=tmp_path)
     seqtool("binarize", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--test", "test",
             "--tokenizer", "spm.model", "--out", "bin", "--workers", "2", cwd=tmp_path)
-    seqtool("train", "bin", "--save-dir", "run", "--arch", "tiny", "--pre-norm", "--dropout", "0", "--lr", "3e-3",
-            "--warmup", "100", "--max-tokens", "3000", "--max-updates", "UPDATES", "--threads", "2", cwd=tmp_path)
+    seqtool("train", "bin", "--save-dir", "run", "--arch", "tiny", "--pre-norm", "--dropout", "0", "--label-smoothing", "0", "--lr", "3e-3",
+            "--warmup", "100", "--max-tokens", "3000", "--max-updates", "1000", "--threads", "2", cwd=tmp_path)
     for name in ("last.pt", "best.pt", "config.json", "metrics.jsonl"):
         assert (tmp_path / "run" / name).exists()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -55,12 +57,12 @@ def test_cli_chain_learns_to_reverse(tmp_path):
 @pytest.mark.slow
 def test_train_directly_on_raw_files_then_resume(tmp_path):
     write_reverse_corpus(tmp_path, 400, 30, seed=1)
-    seqtool("train", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--vocab-size", "24",
+    seqtool("train", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--vocab-size", "25",
             "--save-dir", "run", "--arch", "tiny", "--max-updates", "6", "--max-tokens", "800", "--threads", "2", cwd=tmp_path)
     assert (tmp_path / "run" / "data" / "meta.json").exists()
     assert (tmp_path / "run" / "data" / "tokenizer.model").exists()
     # the same command with a higher limit resumes from last.pt
-    result = seqtool("train", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--vocab-size", "24",
+    result = seqtool("train", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--vocab-size", "25",
                      "--save-dir", "run", "--arch", "tiny", "--max-updates", "9", "--max-tokens", "800", "--threads", "2", cwd=tmp_path)
     assert "resuming" in result.stderr and "9 updates" in result.stderr
     # a different model configuration is refused with the differences listed

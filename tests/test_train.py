@@ -1,0 +1,104 @@
+"""The training loop on tiny data: limits, precisions, checkpoints, metrics, resume rules."""
+
+import json
+
+import pytest
+import torch
+
+from seqtool import checkpoint
+from seqtool.binarize import SplitSpec, binarize
+from seqtool.config import ConfigError, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
+from seqtool.textio import InputError
+from seqtool.tokenizer import train_tokenizer
+from seqtool.train import TrainJob, inverse_sqrt_lr, train
+
+from conftest import write_reverse_corpus
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("train")
+    write_reverse_corpus(d, 300, 20)
+    spm = train_tokenizer([d / "train.src", d / "train.tgt"], str(d / "spm"), TokenizerConfig(vocab_size=25))
+    binarize("src", "tgt", [SplitSpec("train", str(d / "train")), SplitSpec("valid", str(d / "valid"))], spm, d / "bin")
+    return d / "bin"
+
+
+def _job(data_dir, save_dir, **train):
+    train.setdefault("max_tokens", 600)
+    train.setdefault("threads", 2)
+    return TrainJob(save_dir=save_dir, model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
+                    train=TrainConfig(**train), data_dir=data_dir)
+
+
+def test_lr_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():
+    assert inverse_sqrt_lr(1, 1e-3, 100) == pytest.approx(1e-5)
+    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_training_writes_self_contained_checkpoints(data_dir, tmp_path, precision):
+    result = train(_job(data_dir, tmp_path / "run", max_updates=4, precision=precision, device="cpu"))
+    assert result.updates == 4 and result.stopped_by == "max-updates"
+    best = checkpoint.load(tmp_path / "run" / "best.pt")
+    assert "train_state" not in best  # the small file users ship
+    assert "train_state" in checkpoint.load(tmp_path / "run" / "last.pt")
+    model = checkpoint.load_model(best)
+    assert model.config.vocab_size == 25 and model.config.d_model == 128
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in records} == {"train", "valid"}
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in records)
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert saved["train"]["precision"] == precision
+
+
+def test_loss_goes_down(data_dir, tmp_path):
+    train(_job(data_dir, tmp_path / "run", max_updates=40, validate_interval_updates=20))
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first_train = next(r["loss"] for r in records if r["kind"] == "train")
+    valid = [r["loss"] for r in records if r["kind"] == "valid"]
+    assert valid[-1] < first_train - 1.0 and valid[-1] < valid[0]
+
+
+def test_epoch_and_time_limits(data_dir, tmp_path):
+    r = train(_job(data_dir, tmp_path / "a", max_epochs=1))
+    assert r.stopped_by == "max-epochs" and r.epochs == pytest.approx(1.0)
+    r = train(_job(data_dir, tmp_path / "b", max_time=0.01))
+    assert r.stopped_by == "max-time" and r.updates == 1
+
+
+def test_resume_continues_and_refuses_another_configuration(data_dir, tmp_path):
+    train(_job(data_dir, tmp_path / "run", max_updates=3))
+    r = train(_job(data_dir, tmp_path / "run", max_updates=5))
+    assert r.updates == 5
+    with pytest.raises(ConfigError, match="max_tokens: saved 600, now 700"):
+        train(_job(data_dir, tmp_path / "run", max_updates=8, max_tokens=700))
+
+
+def test_resumed_run_equals_an_uninterrupted_one(data_dir, tmp_path):
+    train(_job(data_dir, tmp_path / "once", max_updates=6))
+    train(_job(data_dir, tmp_path / "twice", max_updates=3))
+    train(_job(data_dir, tmp_path / "twice", max_updates=6))
+    a = checkpoint.load(tmp_path / "once" / "last.pt")["weights"]
+    b = checkpoint.load(tmp_path / "twice" / "last.pt")["weights"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+
+
+def test_plain_progress_lines_when_stderr_is_not_a_terminal(data_dir, tmp_path, capsys):
+    train(_job(data_dir, tmp_path / "run", max_updates=2, log_interval=0.0))
+    err = capsys.readouterr().err
+    assert "update 1/2" in err and "tok/s" in err and "\x1b[" not in err
+
+
+def test_no_pair_fits_the_budget(data_dir, tmp_path):
+    with pytest.raises(InputError, match="no training pair fits --max-tokens 5"):
+        train(_job(data_dir, tmp_path / "run", max_tokens=5, max_updates=1))
+
+
+def test_cuda_requested_without_cuda_is_a_clear_error(data_dir, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        train(_job(data_dir, tmp_path / "run", max_updates=1, device="cuda"))
