@@ -108,38 +108,33 @@ class MultiHeadAttention(nn.Module):
                 k, v = self.project_kv(memory)
         else:
             q, k, v = (self._heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, K)
-            if cache is not None and cache.self_k[layer] is not None:
-                k = torch.cat([cache.self_k[layer], k], dim=2)  # (B, H, t+T, K)
-                v = torch.cat([cache.self_v[layer], v], dim=2)
-                # The queries are the newest positions: they see every cached key, and among
-                # themselves only earlier ones (SDPA's is_causal aligns top-left, so spell it out).
-                if causal and T > 1 and not need_weights:
-                    Tk = k.size(2)
-                    key_pad = torch.ones(T, Tk, dtype=torch.bool, device=x.device).triu(Tk - T + 1)[None]  # (1, T, Tk)
-                    causal = False
-                elif T == 1:
-                    causal = False
             if cache is not None:
+                if cache.self_k[layer] is not None:
+                    k = torch.cat([cache.self_k[layer], k], dim=2)  # (B, H, t+T, K)
+                    v = torch.cat([cache.self_v[layer], v], dim=2)
                 cache.self_k[layer], cache.self_v[layer] = k, v
-        mask = None
-        if key_pad is not None:  # (B, Tk) padding, or (1, Tq, Tk) future positions of a cached step
-            mask = ~(key_pad[:, None, None, :] if key_pad.dim() == 2 else key_pad[:, None])  # True = may attend
-        if causal and mask is not None and not need_weights:
-            raise ValueError("causal attention with a key padding mask is not supported")
+        Tk = k.size(2)
+        allowed = None  # True = may attend, broadcast to (B, H, T, Tk)
+        if key_pad is not None:
+            allowed = ~key_pad[:, None, None, :]  # (B, 1, 1, Tk)
+        if causal and T == 1:
+            causal = False  # the newest position may see every earlier one
+        elif causal and (Tk != T or need_weights or allowed is not None):
+            # SDPA's is_causal aligns the mask top-left; queries that follow cached keys need it
+            # bottom-right: query i sees keys up to Tk - T + i.
+            future_ok = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)  # (T, Tk)
+            allowed = future_ok if allowed is None else allowed & future_ok
+            causal = False
         p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.k)  # (B, H, Tq, Tk)
-            if causal:
-                Tk = k.size(2)
-                future = torch.ones(T, Tk, dtype=torch.bool, device=x.device).triu(Tk - T + 1)
-                scores = scores.masked_fill(future, float("-inf"))
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.k)  # (B, H, T, Tk)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float("-inf"))
             weights = scores.float().softmax(dim=-1).to(q.dtype)
             out = F.dropout(weights, p, self.training) @ v  # (B, H, Tq, K)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
         out = out.transpose(1, 2).reshape(B, T, D)  # heads concatenated
         return self.out_proj(out), weights
 

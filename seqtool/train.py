@@ -180,7 +180,8 @@ class Trainer:
         log.info(f"resuming {self.paths.last}: update {self.state['updates']}, epoch {self.state['epoch']}")
 
     # ---- one update ---------------------------------------------------------------------
-    def _step(self, batch) -> tuple[float, float, int]:
+    def _step(self, batch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One update; returns the summed loss and NLL as tensors (no host sync) and the token count."""
         model, cfg = self.model, self.train_config
         src = batch.src.to(self.device, non_blocking=True)
         tgt_in = batch.tgt_in.to(self.device, non_blocking=True)
@@ -199,7 +200,7 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach()), float(nll), n
+        return loss.detach(), nll, n
 
     @torch.no_grad()
     def validate(self) -> tuple[float, float]:
@@ -257,6 +258,8 @@ class Trainer:
         progress = log.Progress(total, unit, cfg.log_interval)
         start = time.monotonic() - st["train_seconds"]
         window_tokens, window_start = 0, time.monotonic()
+        window_loss: Any = 0.0
+        window_nll: Any = 0.0
         stopped_by, skipped = "", 0
         self.model.train()
         try:
@@ -273,15 +276,19 @@ class Trainer:
                     st["batch_in_epoch"] = k + 1
                     st["train_tokens"] += n
                     window_tokens += n
+                    window_loss, window_nll = window_loss + loss, window_nll + nll
                     now = time.monotonic()
                     st["train_seconds"] = now - start
-                    lr = self.optimizer.param_groups[0]["lr"]
                     if now - window_start >= cfg.log_interval or st["updates"] == 1:
+                        # the only host sync of the loop: once per log interval, not per update
+                        loss_avg, nll_avg = float(window_loss) / window_tokens, float(window_nll) / window_tokens
                         rate = window_tokens / max(now - window_start, 1e-9)
-                        self._metrics({"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss / n,
-                                       "ppl": math.exp(min(nll / n, 50)), "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
-                        window_tokens, window_start = 0, now
-                        stats = f"epoch {st['epoch']} | update {st['updates']} | loss {loss / n:.3f} | ppl {math.exp(min(nll / n, 50)):.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
+                        lr = self.optimizer.param_groups[0]["lr"]
+                        ppl = math.exp(min(nll_avg, 50))
+                        self._metrics({"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss_avg,
+                                       "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
+                        window_tokens, window_start, window_loss, window_nll = 0, now, 0.0, 0.0
+                        stats = f"epoch {st['epoch']} | update {st['updates']} | loss {loss_avg:.3f} | ppl {ppl:.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
                         done = {"update": st["updates"], "second": st["train_seconds"], "epoch": st["epoch"] - 1 + (k + 1) / len(batches)}[unit]
                         progress.update(done, stats)
                     stopped_by = self._limit_reached(epoch_done=False)
