@@ -12,7 +12,6 @@ import hashlib
 import itertools
 import json
 import multiprocessing as mp
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -171,6 +170,3 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
         "tgt_file": str(tgt),
     }
 
-
-def copy_tokenizer(tokenizer_path: Path, out_dir: Path) -> None:
-    shutil.copyfile(tokenizer_path, Path(out_dir) / "tokenizer.model")

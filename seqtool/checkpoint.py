@@ -9,8 +9,6 @@ corruption is reported as corruption), and optionally the training state. Writes
 from __future__ import annotations
 
 import hashlib
-import io
-import os
 import pickle
 import zipfile
 from pathlib import Path
@@ -19,7 +17,7 @@ from typing import Any, Optional
 import torch
 
 from .config import ModelConfig
-from .textio import InputError
+from .textio import InputError, atomic_write
 
 FORMAT_VERSION = 1
 
@@ -59,18 +57,8 @@ def build(config: dict[str, Any], model_bytes: bytes, weights: dict[str, torch.T
 
 
 def save(checkpoint: dict[str, Any], path: Path) -> None:
-    """Temp file in the same directory, fsync, rename: a crash leaves the old file or the new one."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            torch.save(checkpoint, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Atomic: a crash or a full disk leaves the previous file intact."""
+    atomic_write(Path(path), lambda handle: torch.save(checkpoint, handle))
 
 
 def load(path: Path, verify: bool = True) -> dict[str, Any]:
@@ -136,8 +124,3 @@ def average(paths: list[Path], output: Path) -> dict[str, Any]:
     save(out, Path(output))
     return out
 
-
-def describe_bytes(ckpt: dict[str, Any]) -> int:
-    buffer = io.BytesIO()
-    torch.save(ckpt, buffer)
-    return buffer.tell()

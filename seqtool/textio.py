@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 
 class InputError(Exception):
@@ -67,16 +67,21 @@ def find_split_file(prefix: str, lang: str) -> Path:
     raise InputError(f"{plain}: no such file (nor {gz.name})")
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temp file + fsync + rename, so a crash never leaves a half-written file."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """write(handle) into a temp file beside `path`, fsync, rename: a crash or a full disk leaves
+    the old file or the new one, never half of one, and no temp file behind."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
-            handle.write(data)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda handle: handle.write(data))

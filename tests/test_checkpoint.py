@@ -1,6 +1,5 @@
 """Checkpoints: self-contained, loaded without running code, corruption detected, averaging."""
 
-import pickle
 
 import pytest
 import torch

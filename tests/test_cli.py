@@ -62,7 +62,7 @@ def test_train_on_raw_files_and_config_file(monkeypatch, tmp_path):
     monkeypatch.setattr(seqtool.train, "train", lambda job: seen.setdefault("job", job) and (_ for _ in ()).throw(SystemExit(0)))
     cfg = tmp_path / "c.toml"
     cfg.write_text('arch = "base"\n[model]\ndropout = 0.25\n[optim]\nlr = 0.002\n[train]\nmax_updates = 11\n')
-    result = runner.invoke(app, ["train", "--src", "es", "--tgt", "en", "--train", "p/train", "--valid", "p/valid",
+    runner.invoke(app, ["train", "--src", "es", "--tgt", "en", "--train", "p/train", "--valid", "p/valid",
                                  "--vocab-size", "500", "--save-dir", str(tmp_path / "r"), "--config", str(cfg), "--lr", "0.003"])
     job = seen["job"]
     assert job.raw.train_prefix == "p/train" and job.raw.valid_prefix == "p/valid" and job.raw.tokenizer.vocab_size == 500
