@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -262,6 +264,9 @@ class Trainer:
         window_nll: Any = 0.0
         stopped_by, skipped = "", 0
         self.model.train()
+        previous_sigterm = None
+        if threading.current_thread() is threading.main_thread():  # SIGTERM saves like Ctrl-C
+            previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         try:
             while not stopped_by:
                 batches, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st["epoch"])
@@ -303,11 +308,13 @@ class Trainer:
                 self._validate_and_save()
         except KeyboardInterrupt:
             progress.close()
-            log.warn("interrupted: saving last.pt so the run can resume")
             self._save(float("inf"))  # not validated: never replaces best.pt
+            log.warn(f"interrupted at update {st['updates']}: saved {self.paths.last}; run the same command again to resume")
             raise
         finally:
             progress.close()
+            if previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, previous_sigterm)
         st["train_seconds"] = time.monotonic() - start
         return TrainResult(
             updates=st["updates"], epochs=st["epoch"] - 1 + st["batch_in_epoch"] / max(len(batches), 1),
@@ -338,6 +345,10 @@ class Trainer:
                        "best_loss": st["best_valid_loss"], "seconds": st["train_seconds"], "valid_seconds": seconds})
         log.info(f"valid | update {st['updates']} | loss {valid_loss:.3f} | ppl {math.exp(min(valid_nll, 50)) if not math.isnan(valid_nll) else float('nan'):.2f} "
                  f"| best {st['best_valid_loss']:.3f} | {seconds:.1f}s")
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def _without(configs: dict) -> dict:

@@ -102,3 +102,26 @@ def test_cuda_requested_without_cuda_is_a_clear_error(data_dir, tmp_path):
         pytest.skip("this machine has CUDA")
     with pytest.raises(ConfigError, match="no CUDA device"):
         train(_job(data_dir, tmp_path / "run", max_updates=1, device="cuda"))
+
+
+def test_sigterm_saves_last_checkpoint_and_the_run_resumes(data_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    save = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "seqtool", "train", str(data_dir), "--save-dir", str(save), "--arch", "tiny",
+                             "--max-tokens", "600", "--threads", "1"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (save / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "saved" in err and "Traceback" not in err
+    ckpt = checkpoint.load(save / "last.pt")
+    assert ckpt["train_state"]["progress"]["updates"] >= 1
+    assert os.path.exists(save / "config.json")
