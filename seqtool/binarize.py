@@ -154,12 +154,12 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
                 pending.append((pool.apply_async(_encode_chunk, (a,)), pool.apply_async(_encode_chunk, (b,))))
             drain(workers)  # bounded work in flight: memory does not grow with the corpus
         drain(0)
+        if writers[0].lines == 0:
+            raise InputError(f"{src}: empty file; split {name!r} needs at least one line")
         ok = True
     finally:
         for w in writers:
             w.close(commit=ok)
-    if writers[0].lines == 0:
-        raise InputError(f"{src}: empty file; split {name!r} needs at least one line")
     return {
         "lines": writers[0].lines,
         "src_tokens": writers[0].total,

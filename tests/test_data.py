@@ -170,3 +170,12 @@ def test_meta_records_what_the_data_is(corpus, tmp_path):
     (tmp_path / "bin" / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(InputError, match="format version 99"):
         read_meta(tmp_path / "bin")
+
+
+def test_empty_split_is_refused_and_leaves_nothing(corpus, tmp_path):
+    d, _, model = corpus
+    (tmp_path / "e.src").write_text("")
+    (tmp_path / "e.tgt").write_text("")
+    with pytest.raises(InputError, match="e.src: empty file"):
+        binarize("src", "tgt", [SplitSpec("train", str(tmp_path / "e"))], model, tmp_path / "bin")
+    assert not list((tmp_path / "bin").iterdir())
