@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 
@@ -158,7 +158,3 @@ def epoch_batches(dataset: ParallelDataset, max_tokens: int, max_positions: int,
     batches = [keep[b] for b in batches]
     return shard_batches(batches, rank, world), skipped
 
-
-def iterate(dataset: ParallelDataset, batches: list[np.ndarray], pad: int, bos: int, eos: int) -> Iterator[Batch]:
-    for ids in batches:
-        yield collate(dataset, ids, pad, bos, eos)

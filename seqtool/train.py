@@ -228,13 +228,12 @@ class Trainer:
 
     def _save(self, valid_loss: float) -> None:
         weights = checkpoint.model_state(self.model)
-        progress = {k: self.state[k] for k in self.state}
         train_state = {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
-            "progress": progress,
+            "progress": dict(self.state),
         }
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
                                 valid_loss=valid_loss, updates=self.state["updates"])

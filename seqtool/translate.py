@@ -12,7 +12,6 @@ from __future__ import annotations
 import queue
 import sys
 import threading
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator, Optional, TextIO
@@ -24,6 +23,7 @@ from .config import DecodeConfig
 from .search import Hypothesis, search
 from .textio import InputError, decode_line
 from .tokenizer import Tokenizer
+from .train import autocast_for, pick_device
 
 IDLE_FLUSH_SECONDS = 0.05
 
@@ -49,8 +49,6 @@ class Translator:
 
     @classmethod
     def load(cls, path: Path, config: Optional[DecodeConfig] = None) -> "Translator":
-        from .train import pick_device
-
         config = config or DecodeConfig()
         if config.threads:
             torch.set_num_threads(config.threads)
@@ -60,17 +58,13 @@ class Translator:
         tokenizer = Tokenizer(checkpoint.tokenizer_bytes(ckpt), f"{path} (tokenizer)")
         return cls(model, tokenizer, config, device)
 
-    def _autocast(self):
-        p = self.config.precision
-        if p == "fp32":
-            return nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16 if p == "bf16" else torch.float16)
-
-    def _encode(self, index: int, line: str) -> list[int]:
-        ids = self.tokenizer.encode(line) if line else []
-        if len(ids) > self.max_src:
-            log.warn(f"input line {index + 1}: {len(ids)} tokens, cropped to the model's {self.max_src}")
-            ids = ids[: self.max_src]
+    def _encode(self, start: int, lines: list[str]) -> list[list[int]]:
+        """Token ids of each line (one tokenizer call per chunk), cropped to the model's positions."""
+        ids = self.tokenizer.encode_batch(lines)
+        for k, seq in enumerate(ids):
+            if len(seq) > self.max_src:
+                log.warn(f"input line {start + k + 1}: {len(seq)} tokens, cropped to the model's {self.max_src}")
+                ids[k] = seq[: self.max_src]
         return ids
 
     def _batches(self, order: list[int], lengths: list[int]) -> Iterator[list[int]]:
@@ -90,7 +84,7 @@ class Translator:
     def translate_chunk(self, start: int, lines: list[str]) -> list[Translation]:
         """Translate lines numbered start, start+1, ...; results in the same order."""
         c, pad, eos = self.config, self.model.config.pad_id, self.model.config.eos_id
-        ids = [self._encode(start + k, line) for k, line in enumerate(lines)]
+        ids = self._encode(start, lines)
         results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
         todo = [k for k in range(len(lines)) if ids[k]]  # an empty line translates to an empty line
         lengths = [len(x) for x in ids]
@@ -101,7 +95,7 @@ class Translator:
             for row, k in enumerate(batch):
                 src[row, : lengths[k]] = torch.tensor(ids[k])
                 src[row, lengths[k]] = eos
-            with torch.inference_mode(), self._autocast():
+            with torch.inference_mode(), autocast_for(self.device, c.precision):
                 hyps = search(self.model, src.to(self.device), c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest)
             for k, h in zip(batch, hyps):
                 results[k] = h
