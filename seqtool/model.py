@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .linear import linear
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -86,7 +87,7 @@ class MultiHeadAttention(nn.Module):
         return x.view(B, T, self.h, self.k).transpose(1, 2)  # (B, H, T, K)
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = self.kv_proj(memory).chunk(2, dim=-1)  # (B, S, D) each
+        k, v = linear(memory, self.kv_proj).chunk(2, dim=-1)  # (B, S, D) each
         return self._heads(k), self._heads(v)
 
     def forward(
@@ -101,13 +102,13 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[Tensor, Optional[Tensor]]:
         B, T, D = x.shape
         if self.cross:
-            q = self._heads(self.q_proj(x))
+            q = self._heads(linear(x, self.q_proj))
             if cache is not None:  # projected once per sentence by new_cache()
                 k, v = cache.cross_k[layer], cache.cross_v[layer]
             else:
                 k, v = self.project_kv(memory)
         else:
-            q, k, v = (self._heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))  # (B, H, T, K)
+            q, k, v = (self._heads(t) for t in linear(x, self.qkv_proj).chunk(3, dim=-1))  # (B, H, T, K)
             if cache is not None:
                 if cache.self_k[layer] is not None:
                     k = torch.cat([cache.self_k[layer], k], dim=2)  # (B, H, t+T, K)
@@ -136,7 +137,7 @@ class MultiHeadAttention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
         out = out.transpose(1, 2).reshape(B, T, D)  # heads concatenated
-        return self.out_proj(out), weights
+        return linear(out, self.out_proj), weights
 
 
 def residual_dropout(x: Tensor, y: Tensor, p: float, training: bool) -> Tensor:
@@ -162,8 +163,8 @@ class FeedForward(nn.Module):
         self.activation_dropout = activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        h = F.relu(self.fc1(x))  # (B, T, F)
-        return self.fc2(dropout(h, self.activation_dropout, self.training))
+        h = F.relu(linear(x, self.fc1))  # (B, T, F)
+        return linear(dropout(h, self.activation_dropout, self.training), self.fc2)
 
 
 class SubLayer(nn.Module):
@@ -308,51 +309,63 @@ class Transformer(nn.Module):
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None) -> Tensor:
         """Logits (B, T, V) for the next token after each position of tgt_in."""
-        return self.output(self.decode_features(tgt_in, memory, src_pad, cache))
+        return linear(self.decode_features(tgt_in, memory, src_pad, cache), self.output)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         memory, src_pad = self.encode(src)
         return self.decode(tgt_in, memory, src_pad)
 
 
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Summed label-smoothed cross-entropy from logits, with a hand-written backward.
+class _SoftmaxCrossEntropy(torch.autograd.Function):
+    """sum_i (lse_i - (1 - eps) z_iy) from logits z, with a hand-written backward.
 
-    loss_i = (1 - eps) * nll_i + eps * mean_j(-log p_ij) = lse_i - (1 - eps) * z_iy - eps * mean_j z_ij
-    d loss_i / d z_ij = softmax_ij - (1 - eps) [j = y_i] - eps / V
-    Autograd through log_softmax + gather + mean allocates several (N, V) buffers and passes
-    over them; this keeps one (log-probabilities, turned into the gradient in place).
+    One softmax pass is the only exp over the (N, V) logits: lse_i comes back from the target's
+    own probability as z_iy - log p_iy (recomputed exactly for the rare rows where p_iy
+    underflows), and the saved probabilities are the backward's softmax, so no second exp pass
+    runs there. Autograd through log_softmax + gather + mean would allocate several (N, V) buffers
+    and exponentiate twice. Gradient: d/dz_ij = p_ij - (1 - eps) [j = y_i].
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, eps: float):  # (N, V) float32, (N,)
-        lprobs = torch.log_softmax(logits, dim=-1)  # (N, V); logits themselves are not kept
-        nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
-        loss = nll.sum() if eps == 0.0 else ((1.0 - eps) * nll - eps * lprobs.mean(dim=-1)).sum()
-        ctx.save_for_backward(lprobs, target)
+        probs = torch.softmax(logits, dim=-1)  # (N, V); kept for backward, logits are not
+        z_y = logits.gather(1, target[:, None]).squeeze(1)  # (N,)
+        p_y = probs.gather(1, target[:, None]).squeeze(1)  # (N,)
+        lse = z_y - p_y.log()  # (N,) log-sum-exp of each row
+        tiny = p_y < 1e-30  # log(p_y) lost precision (or is -inf): recompute those rows
+        if bool(tiny.any()):
+            lse[tiny] = torch.logsumexp(logits[tiny], dim=-1)
+        nll = lse - z_y  # (N,)
+        ctx.save_for_backward(probs, target)
         ctx.eps = eps
-        return loss, nll.sum()
+        return (nll + eps * z_y).sum(), nll.sum()
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):
-        lprobs, target = ctx.saved_tensors
-        eps, V = ctx.eps, lprobs.size(1)
-        grad = lprobs.exp_()  # softmax, in the saved buffer: backward runs once
-        if eps:
-            grad.sub_(eps / V)
+        probs, target = ctx.saved_tensors
+        grad = probs  # the saved buffer becomes the gradient: backward runs once
         rows = torch.arange(grad.size(0), device=grad.device)
-        grad[rows, target] -= 1.0 - eps
+        grad[rows, target] -= 1.0 - ctx.eps
         return grad.mul_(grad_loss), None, None
 
 
-def label_smoothed_nll(features: Tensor, output: nn.Module, target: Tensor, pad_id: int, smoothing: float) -> tuple[Tensor, Tensor, int]:
+def label_smoothed_nll(features: Tensor, output: nn.Linear, target: Tensor, pad_id: int, smoothing: float) -> tuple[Tensor, Tensor, int]:
     """Summed label-smoothed cross-entropy and summed NLL (no gradient) over non-pad target positions.
 
+    loss_i = (1 - eps) nll_i + eps mean_j(-log p_ij) = lse_i - (1 - eps) z_iy - eps mean_j z_ij.
     The output projection runs on the non-pad positions only: padding costs no V-sized matmul.
+    The smoothing term's mean_j z_ij is linear in h_i, so it is h_i . mean_j(W_j) (+ mean bias):
+    a (N, D) x (D,) product instead of a pass over the (N, V) logits.
     """
     keep = target.ne(pad_id).view(-1)  # (B*T,)
     h = features.reshape(-1, features.size(-1))[keep]  # (N, D)
     y = target.view(-1)[keep]  # (N,)
-    logits = output(h).float()  # (N, V)
-    loss, nll = _SmoothedCrossEntropy.apply(logits, y, float(smoothing))
+    logits = linear(h, output).float()  # (N, V)
+    loss, nll = _SoftmaxCrossEntropy.apply(logits, y, float(smoothing))
+    if smoothing:
+        # () = sum_i mean_j z_ij, elementwise so autocast keeps it in float32
+        mean_z = (h.sum(0).float() * output.weight.mean(0).float()).sum()
+        if output.bias is not None:
+            mean_z = mean_z + h.size(0) * output.bias.mean()
+        loss = loss - smoothing * mean_z.float()
     return loss, nll.detach(), int(y.numel())

@@ -202,3 +202,24 @@ def test_hand_written_loss_gradient_matches_autograd():
     ref.backward()
     torch.testing.assert_close(mine[0], feats.grad)
     torch.testing.assert_close(mine[1], out.weight.grad)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_loss_stays_exact_when_the_target_probability_underflows(bias):
+    torch.manual_seed(0)
+    out = torch.nn.Linear(8, 13, bias=bias)
+    feats = torch.randn(2, 3, 8, requires_grad=True)
+    with torch.no_grad():
+        out.weight[5] += 40.0 * feats.detach()[0, 0]  # token 5 dominates position (0, 0): p(target) ~ 0
+    target = torch.tensor([[6, 6, 7], [4, 12, 0]])
+    loss, nll, n = label_smoothed_nll(feats, out, target, 0, 0.1)
+    keep = target.ne(0)
+    logits = out(feats)[keep]
+    ref = torch.nn.functional.cross_entropy(logits, target[keep], label_smoothing=0.1, reduction="sum")
+    assert float(nll) > 100  # beyond float32's smallest probability
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(nll, torch.nn.functional.cross_entropy(logits, target[keep], reduction="sum"))
+    g_mine = torch.autograd.grad(loss, (feats, out.weight))
+    g_ref = torch.autograd.grad(ref, (feats, out.weight))
+    for a, b in zip(g_mine, g_ref):
+        torch.testing.assert_close(a, b)

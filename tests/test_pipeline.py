@@ -2,7 +2,8 @@
 
 train-tokenizer -> binarize -> train -> translate -> score, in a temp dir, on reversing letter
 sequences of length 5-15 over 20 letters; held-out sequences must come back reversed exactly,
->= 95% of them (measured: 97-98% after 800-1000 updates of the tiny pre-norm model).
+>= 95% of them (measured: 99% after 1000 updates of the tiny pre-norm model at lr 2e-3; at 3e-3
+the validation loss spikes and one run reached only 91.5%).
 """
 
 import json
@@ -31,7 +32,7 @@ def test_cli_chain_learns_to_reverse(tmp_path):
     seqtool("train-tokenizer", "train.src", "train.tgt", "--model-prefix", "spm", "--vocab-size", "45", cwd=tmp_path)
     seqtool("binarize", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--test", "test",
             "--tokenizer", "spm.model", "--out", "bin", "--workers", "2", cwd=tmp_path)
-    seqtool("train", "bin", "--save-dir", "run", "--arch", "tiny", "--pre-norm", "--dropout", "0", "--label-smoothing", "0", "--lr", "3e-3",
+    seqtool("train", "bin", "--save-dir", "run", "--arch", "tiny", "--pre-norm", "--dropout", "0", "--label-smoothing", "0", "--lr", "2e-3",
             "--warmup", "100", "--max-tokens", "3000", "--max-updates", "1000", "--threads", "2", cwd=tmp_path)
     for name in ("last.pt", "best.pt", "config.json", "metrics.jsonl"):
         assert (tmp_path / "run" / name).exists()

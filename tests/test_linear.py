@@ -1,0 +1,36 @@
+"""The oneDNN float32 linear path gives F.linear's values and gradients."""
+
+import pytest
+import torch
+
+from seqtool import linear as lin
+
+
+@pytest.mark.skipif(not lin.ONEDNN, reason="this torch build has no oneDNN")
+@pytest.mark.parametrize("shape,n_out,bias", [((7, 16), 24, True), ((3, 5, 16), 40, False), ((2, 4, 64), 8, True)])
+def test_onednn_linear_matches_f_linear(shape, n_out, bias, monkeypatch):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(shape[-1], n_out, bias=bias).double().float()
+    x = torch.randn(*shape, requires_grad=True)
+    calls = []
+    real = lin._pointwise
+    monkeypatch.setattr(lin, "_pointwise", lambda *a: calls.append(1) or real(*a))
+    y = lin.linear(x, layer)
+    assert calls, "the oneDNN path was not taken"
+    g = torch.randn_like(y)
+    mine = torch.autograd.grad(y, [x, *layer.parameters()], g)
+    ref_y = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    ref = torch.autograd.grad(ref_y, [x, *layer.parameters()], g)
+    torch.testing.assert_close(y, ref_y)
+    for a, b in zip(mine, ref):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b)
+
+
+def test_other_layers_and_autocast_take_the_module_path():
+    layer = torch.nn.Linear(8, 4)
+    x = torch.randn(3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert lin.linear(x, layer).dtype == torch.bfloat16  # autocast's bf16 matmul, not ours
+    doubled = torch.nn.Linear(8, 4).double()
+    assert lin.linear(x.double(), doubled).dtype == torch.float64
