@@ -4,6 +4,8 @@ Owns DATA_DIR: for each split and language a flat token array SPLIT.LANG.bin (ui
 vocabulary fits, else int32) and its int64 offsets SPLIT.LANG.idx (n + 1 entries), plus
 meta.json and a copy of the tokenizer. Streams both sides in chunks, so memory stays flat as the
 corpus grows; --workers encodes chunks in several processes while the parent writes in order.
+Every array is written under a temp name and renamed only when all splits succeeded, and
+meta.json comes last: an error or Ctrl-C leaves no file that looks complete.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import itertools
 import json
 import multiprocessing as mp
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -41,6 +44,9 @@ _worker_tokenizer: Optional[Tokenizer] = None
 
 def _init_worker(model_bytes: bytes) -> None:
     global _worker_tokenizer
+    # Ctrl-C reaches the whole process group: the parent cleans up and stops the pool; a worker
+    # that raised KeyboardInterrupt too would only print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = Tokenizer(model_bytes)
 
 
@@ -87,14 +93,18 @@ class _ArrayWriter:
         self.total += int(lengths.sum())
         self.lines += len(seqs)
 
-    def close(self, commit: bool) -> None:
+    def close(self) -> None:
         self.bin.close()
         self.idx.close()
+
+    def commit(self) -> None:
         for tmp, final in zip(self.tmp, self.final):
-            if commit:
-                tmp.replace(final)
-            else:
-                tmp.unlink(missing_ok=True)
+            tmp.replace(final)
+
+    def discard(self) -> None:
+        self.close()
+        for tmp in self.tmp:
+            tmp.unlink(missing_ok=True)
 
 
 def binarize(
@@ -107,8 +117,11 @@ def binarize(
     tokenizer = Tokenizer.load(tokenizer_path)
     files = {s.name: (find_split_file(s.prefix, src_lang), find_split_file(s.prefix, tgt_lang)) for s in splits}
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: is a file; --out names a directory for the binarized data")
     if (out_dir / "meta.json").exists() and not force:
         raise InputError(f"{out_dir}: already holds binarized data (meta.json); pass --force to replace it or pick another --out")
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tokenizer.vocab_size)
     meta = {
@@ -121,22 +134,39 @@ def binarize(
         "tokenizer_sha256": hashlib.sha256(tokenizer.model_bytes).hexdigest(),
         "splits": {},
     }
-    pool = mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer.model_bytes,)) if workers > 1 else None
+    writers: list[_ArrayWriter] = []
+    pool = None
     try:
+        if workers > 1:
+            pool = mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer.model_bytes,))
         for name, (src, tgt) in files.items():
-            meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors)
+            meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors, writers)
+        # All splits are done: only now replace anything. Old data first loses its meta.json, so a
+        # failure between here and the new meta.json never leaves a directory that looks complete.
+        (out_dir / "meta.json").unlink(missing_ok=True)
+        for w in writers:
+            w.commit()
+        atomic_write_bytes(out_dir / "tokenizer.model", tokenizer.model_bytes)
+        atomic_write_bytes(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+    except BaseException:
+        for w in writers:
+            w.discard()
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
     finally:
         if pool is not None:
             pool.terminate()
-    atomic_write_bytes(out_dir / "tokenizer.model", tokenizer.model_bytes)
-    atomic_write_bytes(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
     return meta
 
 
-def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors) -> dict:
-    writers = [_ArrayWriter(out_dir / f"{name}.{lang}.bin", out_dir / f"{name}.{lang}.idx", dtype) for lang in (src_lang, tgt_lang)]
+def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors, all_writers) -> dict:
+    """Write one split under temp names; the writers join all_writers, which the caller commits."""
+    writers = []
+    for lang in (src_lang, tgt_lang):
+        writers.append(_ArrayWriter(out_dir / f"{name}.{lang}.bin", out_dir / f"{name}.{lang}.idx", dtype))
+        all_writers.append(writers[-1])
     unk = [0, 0]
-    ok = False
     try:
         pending: list = []
 
@@ -156,10 +186,9 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
         drain(0)
         if writers[0].lines == 0:
             raise InputError(f"{src}: empty file; split {name!r} needs at least one line")
-        ok = True
     finally:
         for w in writers:
-            w.close(commit=ok)
+            w.close()
     return {
         "lines": writers[0].lines,
         "src_tokens": writers[0].total,

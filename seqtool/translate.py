@@ -21,7 +21,7 @@ import torch
 from . import checkpoint, log
 from .config import DecodeConfig
 from .search import Hypothesis, search
-from .textio import InputError, decode_line
+from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
 from .train import autocast_for, pick_device
 
@@ -125,10 +125,13 @@ class Translator:
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:
-    """Plain: the best hypothesis. With --nbest N > 1 or --print-scores: N tab-separated lines."""
+    """Plain: the best hypothesis. With --nbest N > 1 or --print-scores: N tab-separated lines.
+
+    A hypothesis never spans lines: a \\n decoded from a byte piece becomes a space."""
+    texts = [text.replace("\n", " ") for text in t.texts]
     if config.nbest == 1 and not config.print_scores:
-        return (t.texts[0] if t.texts else "") + "\n"
-    rows = [f"{t.index}\t{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.texts)]
+        return (texts[0] if texts else "") + "\n"
+    rows = [f"{t.index}\t{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, texts)]
     if not rows:  # an empty line: one empty hypothesis, still N lines as promised
         rows = [f"{t.index}\t0.0000\t"] * config.nbest
     rows += [rows[-1]] * (config.nbest - len(rows))
@@ -138,21 +141,17 @@ def format_translation(t: Translation, config: DecodeConfig) -> str:
 class _LineReader:
     """Reads lines (\\n only) in a thread, so the main loop can stop waiting after a short pause."""
 
-    def __init__(self, stream: BinaryIO, name: str, maxsize: int):
+    def __init__(self, stream: BinaryIO, name: str, maxsize: int, errors: str = "replace"):
         self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
-        self.stream, self.name = stream, name
+        self.stream, self.decode = stream, LineDecoder(name, errors)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
             for lineno, raw in enumerate(self.stream, start=1):
-                try:
-                    text = decode_line(raw, self.name, lineno)
-                except InputError:
-                    log.warn(f"{self.name}:{lineno}: invalid UTF-8, undecodable bytes replaced by U+FFFD")
-                    text = decode_line(raw, self.name, lineno, errors="replace")
-                self.queue.put(text)
+                self.queue.put(self.decode(raw, lineno))
+            self.decode.finish()
         except BaseException as error:  # handed to the main thread, which reports it
             self.queue.put(error)
         self.queue.put(None)
@@ -183,14 +182,10 @@ def translate_file(checkpoint_path: Path, config: DecodeConfig, input_path: Opti
     translator = Translator.load(checkpoint_path, config)
     output = output or sys.stdout
     if input_path is not None:
-        from .textio import open_binary
-
         stream, name = open_binary(input_path), str(input_path)
     else:
-        stream, name = sys.stdin.buffer, "<stdin>"
-        if sys.stdin.isatty():
-            log.info("reading from the terminal: type lines, end with Ctrl-D")
-    reader = _LineReader(stream, name, maxsize=4 * config.chunk_lines)
+        stream, name = open_stdin(), "<stdin>"
+    reader = _LineReader(stream, name, maxsize=4 * config.chunk_lines, errors=config.errors)
     count = 0
     for chunk in reader.chunks(config.chunk_lines):
         for t in translator.translate_chunk(count, chunk):
