@@ -44,10 +44,22 @@ _worker_tokenizer: Optional[Tokenizer] = None
 
 def _init_worker(model_bytes: bytes) -> None:
     global _worker_tokenizer
-    # Ctrl-C reaches the whole process group: the parent cleans up and stops the pool; a worker
-    # that raised KeyboardInterrupt too would only print a traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = Tokenizer(model_bytes)
+
+
+def _start_pool(workers: int, model_bytes: bytes):
+    """Workers that ignore Ctrl-C: a terminal sends SIGINT to the whole process group, and only the
+    parent should act on it (clean up, stop the pool); a worker would just print a traceback. The
+    ignored disposition is inherited through spawn's exec, so it holds from the workers' first instruction."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return mp.get_context("spawn").Pool(workers, _init_worker, (model_bytes,))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return mp.get_context("spawn").Pool(workers, _init_worker, (model_bytes,))
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
@@ -138,7 +150,7 @@ def binarize(
     pool = None
     try:
         if workers > 1:
-            pool = mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer.model_bytes,))
+            pool = _start_pool(workers, tokenizer.model_bytes)
         for name, (src, tgt) in files.items():
             meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors, writers)
         # All splits are done: only now replace anything. Old data first loses its meta.json, so a

@@ -69,11 +69,17 @@ def load(path: Path, verify: bool = True) -> dict[str, Any]:
         raise InputError(f"{path}: no such checkpoint")
     if path.is_dir():
         raise InputError(f"{path}: is a directory; give a checkpoint file such as {path / 'best.pt'}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is at the end
+        raise InputError(f"{path}: truncated or corrupted checkpoint (not a complete torch archive); copy it again or use another checkpoint")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "unsafe content"
-        raise InputError(f"{path}: refused: not a plain seqtool checkpoint (it would need to run code to load: {first[:160]})") from None
+        # weights_only names what it refused on a line of its own
+        detail = next((line.strip() for line in str(error).splitlines() if "WeightsUnpickler error" in line), str(error).strip())
+        detail = detail.removeprefix("WeightsUnpickler error:").strip()
+        if "global" not in detail.lower():  # a damaged pickle stream, not a refused object
+            raise InputError(f"{path}: truncated or corrupted checkpoint ({detail[:160]}); copy it again or use another checkpoint") from None
+        raise InputError(f"{path}: refused: not a plain seqtool checkpoint; loading it would run code ({detail[:120]})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise InputError(f"{path}: truncated or corrupted checkpoint ({message[:160]}); copy it again or use another checkpoint") from None

@@ -26,6 +26,7 @@ from .tokenizer import Tokenizer
 from .train import autocast_for, pick_device
 
 IDLE_FLUSH_SECONDS = 0.05
+_NEXT = object()  # no pending end or error: read on
 
 
 @dataclass
@@ -157,34 +158,37 @@ class _LineReader:
         self.queue.put(None)
 
     def chunks(self, size: int) -> Iterator[list[str]]:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
+        """Lists of up to `size` lines. The end of input (None) or the reader's error is acted on
+        after the chunk of lines read before it."""
+        item = self.queue.get()
+        while item is not None:
             if isinstance(item, BaseException):
                 raise item
-            chunk = [item]
+            chunk, item = [item], _NEXT
             while len(chunk) < size:
                 try:
-                    item = self.queue.get(timeout=IDLE_FLUSH_SECONDS)
+                    following = self.queue.get(timeout=IDLE_FLUSH_SECONDS)
                 except queue.Empty:
                     break  # input paused: translate what has arrived
-                if item is None or isinstance(item, BaseException):
-                    self.queue.put(item)  # seen again by the outer loop
+                if following is None or isinstance(following, BaseException):
+                    item = following
                     break
-                chunk.append(item)
+                chunk.append(following)
             yield chunk
+            if item is _NEXT:
+                item = self.queue.get()
 
 
 def translate_file(checkpoint_path: Path, config: DecodeConfig, input_path: Optional[Path] = None,
                    output: Optional[TextIO] = None) -> int:
     """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines."""
-    translator = Translator.load(checkpoint_path, config)
-    output = output or sys.stdout
+    # the input first: a missing file or a closed stdin is reported before the model loads
     if input_path is not None:
         stream, name = open_binary(input_path), str(input_path)
     else:
         stream, name = open_stdin(), "<stdin>"
+    translator = Translator.load(checkpoint_path, config)
+    output = output or sys.stdout
     reader = _LineReader(stream, name, maxsize=4 * config.chunk_lines, errors=config.errors)
     count = 0
     for chunk in reader.chunks(config.chunk_lines):
