@@ -379,6 +379,15 @@ def _wait_for(predicate, timeout=300.0):
     return False
 
 
+def _default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# Its own process group (so the test can signal the group, like a terminal), with Ctrl-C at its
+# default even when the test runner was started where SIGINT is ignored (a background job).
+CTRL_C_ABLE = dict(start_new_session=True, preexec_fn=_default_sigint)
+
+
 def _ctrl_c(proc: subprocess.Popen) -> tuple[str, str]:
     """What a terminal does on Ctrl-C: SIGINT to the whole process group (workers included)."""
     os.killpg(proc.pid, signal.SIGINT)
@@ -392,7 +401,7 @@ def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path)
     out_dir = tmp_path / "bin"
     proc = subprocess.Popen([*PYTHON, "binarize", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "big"),
                              "--tokenizer", str(corpus / "spm.model"), "--out", str(out_dir), "--workers", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **CTRL_C_ABLE)
     assert _wait_for(lambda: out_dir.exists() and any(p.suffix == ".tmp" and p.stat().st_size > 0 for p in out_dir.iterdir()))
     _, err = _ctrl_c(proc)
     assert proc.returncode == 130, err
@@ -404,7 +413,7 @@ def test_ctrl_c_in_translate_output_keeps_the_previous_file(tiny_checkpoint, tmp
     out = tmp_path / "out.txt"
     out.write_text("previous translation\n")
     proc = subprocess.Popen([*PYTHON, "translate", "-c", str(tiny_checkpoint), *TRANSLATE, "--output", str(out)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **CTRL_C_ABLE)
     proc.stdin.write(b"a b\nc d\n")
     proc.stdin.flush()  # stdin stays open: translate is mid-stream, waiting for more
     partial = tmp_path / ".out.txt.partial"
@@ -420,7 +429,7 @@ def test_ctrl_c_in_translate_output_keeps_the_previous_file(tiny_checkpoint, tmp
 def test_ctrl_c_in_train_saves_a_resumable_checkpoint(data_dir, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([*PYTHON, "train", str(data_dir), "--save-dir", str(run), *TRAIN],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **CTRL_C_ABLE)
     assert _wait_for(lambda: (run / "metrics.jsonl").exists())
     _, err = _ctrl_c(proc)
     assert proc.returncode == 130, err
