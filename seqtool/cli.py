@@ -260,6 +260,9 @@ def translate(
             with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
                 translate_file(checkpoint, config, input, handle)
             os.replace(tmp, output)  # a partial output never looks complete
+        except OSError as error:
+            error.filename = error.filename or str(output)  # e.g. a full disk: name the output, not nothing
+            raise
         finally:
             tmp.unlink(missing_ok=True)
     else:

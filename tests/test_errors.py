@@ -290,6 +290,21 @@ def test_full_disk_at_save_keeps_the_previous_checkpoint(data_dir, tmp_path, mon
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]  # no temp file left behind
 
 
+def test_full_disk_while_translating_keeps_the_previous_output(tmp_path, monkeypatch):
+    import seqtool.translate
+
+    def write_then_fail(checkpoint_path, config, input_path, output):
+        output.write("half a translation\n")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(seqtool.translate, "translate_file", write_then_fail)
+    out = tmp_path / "out.txt"
+    out.write_text("previous translation\n")
+    one_error(cli("translate", "-c", tmp_path / "m.pt", "-o", out, input=b"a\n"), "out.txt: no space left on device")
+    assert out.read_text() == "previous translation\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
 def test_existing_outputs_are_never_overwritten_without_force(data_dir, corpus, tiny_checkpoint, tmp_path):
     before = snapshot(data_dir)
     one_error(cli("binarize", "--src", "src", "--tgt", "tgt", "--train", corpus / "train", "--tokenizer", corpus / "spm.model",
