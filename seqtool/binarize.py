@@ -95,6 +95,7 @@ class _ArrayWriter:
         self.idx = open(self.tmp[1], "wb")
         self.total = 0
         self.lines = 0
+        self.committed: list[Path] = []
         np.zeros(1, dtype=np.int64).tofile(self.idx)
 
     def add(self, seqs: Sequence[Sequence[int]]) -> None:
@@ -112,11 +113,13 @@ class _ArrayWriter:
     def commit(self) -> None:
         for tmp, final in zip(self.tmp, self.final):
             tmp.replace(final)
+            self.committed.append(final)
 
     def discard(self) -> None:
+        """Remove what this run wrote, also files already renamed (a failure or Ctrl-C during the commit)."""
         self.close()
-        for tmp in self.tmp:
-            tmp.unlink(missing_ok=True)
+        for path in (*self.tmp, *self.committed):
+            path.unlink(missing_ok=True)
 
 
 def binarize(

@@ -411,7 +411,7 @@ def _ctrl_c(proc: subprocess.Popen) -> tuple[str, str]:
 
 
 def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path):
-    lines = b"".join(b"a b c d e f g h i j %d\n" % (i % 7) for i in range(300_000))
+    lines = b"".join(b"a b c d e f g h i j %d\n" % (i % 7) for i in range(600_000))
     write_pair(tmp_path, "big", lines, lines)
     out_dir = tmp_path / "bin"
     proc = subprocess.Popen([*PYTHON, "binarize", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "big"),
