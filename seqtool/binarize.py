@@ -4,6 +4,8 @@ Owns DATA_DIR: for each split and language a flat token array SPLIT.LANG.bin (ui
 vocabulary fits, else int32) and its int64 offsets SPLIT.LANG.idx (n + 1 entries), plus
 meta.json and a copy of the tokenizer. Streams both sides in chunks, so memory stays flat as the
 corpus grows; --workers encodes chunks in several processes while the parent writes in order.
+Every array is written under a temp name and renamed only when all splits succeeded, and
+meta.json comes last: an error or Ctrl-C leaves no file that looks complete.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import hashlib
 import itertools
 import json
 import multiprocessing as mp
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -42,6 +45,21 @@ _worker_tokenizer: Optional[Tokenizer] = None
 def _init_worker(model_bytes: bytes) -> None:
     global _worker_tokenizer
     _worker_tokenizer = Tokenizer(model_bytes)
+
+
+def _start_pool(workers: int, model_bytes: bytes):
+    """Workers that ignore Ctrl-C: a terminal sends SIGINT to the whole process group, and only the
+    parent should act on it (clean up, stop the pool); a worker would just print a traceback. The
+    ignored disposition is inherited through spawn's exec, so it holds from the workers' first instruction."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return mp.get_context("spawn").Pool(workers, _init_worker, (model_bytes,))
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return mp.get_context("spawn").Pool(workers, _init_worker, (model_bytes,))
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
@@ -77,6 +95,7 @@ class _ArrayWriter:
         self.idx = open(self.tmp[1], "wb")
         self.total = 0
         self.lines = 0
+        self.committed: list[Path] = []
         np.zeros(1, dtype=np.int64).tofile(self.idx)
 
     def add(self, seqs: Sequence[Sequence[int]]) -> None:
@@ -87,14 +106,20 @@ class _ArrayWriter:
         self.total += int(lengths.sum())
         self.lines += len(seqs)
 
-    def close(self, commit: bool) -> None:
+    def close(self) -> None:
         self.bin.close()
         self.idx.close()
+
+    def commit(self) -> None:
         for tmp, final in zip(self.tmp, self.final):
-            if commit:
-                tmp.replace(final)
-            else:
-                tmp.unlink(missing_ok=True)
+            tmp.replace(final)
+            self.committed.append(final)
+
+    def discard(self) -> None:
+        """Remove what this run wrote, also files already renamed (a failure or Ctrl-C during the commit)."""
+        self.close()
+        for path in (*self.tmp, *self.committed):
+            path.unlink(missing_ok=True)
 
 
 def binarize(
@@ -107,8 +132,11 @@ def binarize(
     tokenizer = Tokenizer.load(tokenizer_path)
     files = {s.name: (find_split_file(s.prefix, src_lang), find_split_file(s.prefix, tgt_lang)) for s in splits}
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"{out_dir}: is a file; --out names a directory for the binarized data")
     if (out_dir / "meta.json").exists() and not force:
         raise InputError(f"{out_dir}: already holds binarized data (meta.json); pass --force to replace it or pick another --out")
+    created = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = token_dtype(tokenizer.vocab_size)
     meta = {
@@ -121,22 +149,39 @@ def binarize(
         "tokenizer_sha256": hashlib.sha256(tokenizer.model_bytes).hexdigest(),
         "splits": {},
     }
-    pool = mp.get_context("spawn").Pool(workers, _init_worker, (tokenizer.model_bytes,)) if workers > 1 else None
+    writers: list[_ArrayWriter] = []
+    pool = None
     try:
+        if workers > 1:
+            pool = _start_pool(workers, tokenizer.model_bytes)
         for name, (src, tgt) in files.items():
-            meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors)
+            meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors, writers)
+        # All splits are done: only now replace anything. Old data first loses its meta.json, so a
+        # failure between here and the new meta.json never leaves a directory that looks complete.
+        (out_dir / "meta.json").unlink(missing_ok=True)
+        for w in writers:
+            w.commit()
+        atomic_write_bytes(out_dir / "tokenizer.model", tokenizer.model_bytes)
+        atomic_write_bytes(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
+    except BaseException:
+        for w in writers:
+            w.discard()
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
     finally:
         if pool is not None:
             pool.terminate()
-    atomic_write_bytes(out_dir / "tokenizer.model", tokenizer.model_bytes)
-    atomic_write_bytes(out_dir / "meta.json", (json.dumps(meta, indent=2) + "\n").encode())
     return meta
 
 
-def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors) -> dict:
-    writers = [_ArrayWriter(out_dir / f"{name}.{lang}.bin", out_dir / f"{name}.{lang}.idx", dtype) for lang in (src_lang, tgt_lang)]
+def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors, all_writers) -> dict:
+    """Write one split under temp names; the writers join all_writers, which the caller commits."""
+    writers = []
+    for lang in (src_lang, tgt_lang):
+        writers.append(_ArrayWriter(out_dir / f"{name}.{lang}.bin", out_dir / f"{name}.{lang}.idx", dtype))
+        all_writers.append(writers[-1])
     unk = [0, 0]
-    ok = False
     try:
         pending: list = []
 
@@ -156,10 +201,9 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
         drain(0)
         if writers[0].lines == 0:
             raise InputError(f"{src}: empty file; split {name!r} needs at least one line")
-        ok = True
     finally:
         for w in writers:
-            w.close(commit=ok)
+            w.close()
     return {
         "lines": writers[0].lines,
         "src_tokens": writers[0].total,

@@ -2,8 +2,9 @@
 
 Owns the on-disk format: a dict of plain tensors and plain Python values only, so it loads with
 torch.load(..., weights_only=True) and opening a file never runs code. It holds format_version,
-the configs, the tokenizer model bytes, the unwrapped weights, a sha256 of the weights (so
-corruption is reported as corruption), and optionally the training state. Writes are atomic.
+the configs, the tokenizer model bytes, the unwrapped weights, sha256 digests of the weights and
+of the tokenizer (so corruption is reported as corruption), and optionally the training state.
+Writes are atomic.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def build(config: dict[str, Any], model_bytes: bytes, weights: dict[str, torch.T
         "tokenizer": torch.frombuffer(bytearray(model_bytes), dtype=torch.uint8).clone(),
         "weights": weights,
         "weights_sha256": weights_sha256(weights),
+        "tokenizer_sha256": hashlib.sha256(model_bytes).hexdigest(),
         **extra,
     }
 
@@ -67,20 +69,32 @@ def load(path: Path, verify: bool = True) -> dict[str, Any]:
         raise InputError(f"{path}: no such checkpoint")
     if path.is_dir():
         raise InputError(f"{path}: is a directory; give a checkpoint file such as {path / 'best.pt'}")
+    if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is at the end
+        raise InputError(f"{path}: truncated or corrupted checkpoint (not a complete torch archive); copy it again or use another checkpoint")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else "unsafe content"
-        raise InputError(f"{path}: refused: not a plain seqtool checkpoint (it would need to run code to load: {first[:160]})") from None
+        # weights_only names what it refused on a line of its own
+        detail = next((line.strip() for line in str(error).splitlines() if "WeightsUnpickler error" in line), str(error).strip())
+        detail = detail.removeprefix("WeightsUnpickler error:").strip()
+        if "global" not in detail.lower():  # a damaged pickle stream, not a refused object
+            raise InputError(f"{path}: truncated or corrupted checkpoint ({detail[:160]}); copy it again or use another checkpoint") from None
+        raise InputError(f"{path}: refused: not a plain seqtool checkpoint; loading it would run code ({detail[:120]})") from None
     except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise InputError(f"{path}: truncated or corrupted checkpoint ({message[:160]})") from None
+        raise InputError(f"{path}: truncated or corrupted checkpoint ({message[:160]}); copy it again or use another checkpoint") from None
     if not isinstance(ckpt, dict) or "format_version" not in ckpt:
         raise InputError(f"{path}: not a seqtool checkpoint")
     if ckpt["format_version"] != FORMAT_VERSION:
         raise InputError(f"{path}: checkpoint format version {ckpt['format_version']}, this seqtool reads version {FORMAT_VERSION}")
+    missing = sorted({"weights", "weights_sha256", "tokenizer", "model_config", "configs"} - set(ckpt))
+    if missing:
+        raise InputError(f"{path}: incomplete seqtool checkpoint (no {', '.join(missing)}); use a file written by seqtool train or average")
     if verify and weights_sha256(ckpt["weights"]) != ckpt.get("weights_sha256"):
-        raise InputError(f"{path}: corrupted checkpoint: the weights do not match their stored sha256")
+        raise InputError(f"{path}: corrupted checkpoint: the weights do not match their stored sha256; copy it again or use another checkpoint")
+    # older files have no tokenizer digest; a file that has one must match it
+    if verify and ckpt.get("tokenizer_sha256", None) not in (None, hashlib.sha256(tokenizer_bytes(ckpt)).hexdigest()):
+        raise InputError(f"{path}: corrupted checkpoint: the tokenizer does not match its stored sha256; copy it again or use another checkpoint")
     return ckpt
 
 

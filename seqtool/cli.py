@@ -36,6 +36,7 @@ Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes that e
 SrcLang = Annotated[Optional[str], typer.Option("--src", help="Source language suffix: reads PREFIX.SRC (or PREFIX.SRC.gz).")]
 TgtLang = Annotated[Optional[str], typer.Option("--tgt", help="Target language suffix: reads PREFIX.TGT (or PREFIX.TGT.gz).")]
 MaxTokens = Annotated[Optional[int], typer.Option("--max-tokens", help="Token budget of a batch.")]
+Errors = Annotated[str, typer.Option("--errors", help="Invalid UTF-8: strict (stop) or replace (U+FFFD, with a warning).")]
 
 
 def _fail(message: str, code: int = 1):
@@ -45,8 +46,16 @@ def _fail(message: str, code: int = 1):
     raise typer.Exit(code)
 
 
+def _unexpected(error: BaseException):
+    if os.environ.get("SEQTOOL_DEBUG"):
+        raise error
+    message = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
+    _fail(f"unexpected {type(error).__name__}: {message} (a bug in seqtool; rerun with SEQTOOL_DEBUG=1 for the traceback and report it)", 2)
+
+
 def handles_user_errors(fn: Callable) -> Callable:
-    """User mistakes -> one line on stderr, exit 1; Ctrl-C -> exit 130; a closed pipe -> quiet exit."""
+    """User mistakes -> one line on stderr, exit 1; Ctrl-C -> exit 130; a closed pipe -> quiet exit.
+    Anything unexpected is a bug: one line too (SEQTOOL_DEBUG=1 shows the traceback)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -71,7 +80,11 @@ def handles_user_errors(fn: Callable) -> Callable:
                 _fail(f"{error.filename or 'output'}: no space left on device; free space and run again (earlier files are intact)")
             if error.filename:
                 _fail(f"{error.filename}: {error.strerror}")
+            _unexpected(error)
+        except (typer.Exit, typer.Abort, typer.exceptions.TyperException):
             raise
+        except Exception as error:
+            _unexpected(error)
 
     return wrapper
 
@@ -115,7 +128,7 @@ def binarize(
     tokenizer: Annotated[Path, typer.Option("--tokenizer", help="sentencepiece .model from train-tokenizer.")],
     out: Annotated[Path, typer.Option("--out", help="Output DATA_DIR.")],
     workers: Workers = 1,
-    errors: Annotated[str, typer.Option("--errors", help="Invalid UTF-8: strict (stop) or replace.")] = "strict",
+    errors: Errors = "strict",
     force: Force = False,
 ):
     """Encode parallel text into memory-mapped token arrays in DATA_DIR."""
@@ -161,6 +174,7 @@ def train(
     valid_prefix: Annotated[Optional[str], typer.Option("--valid", help="Raw validation files prefix.")] = None,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Tokenizer size when training on raw files.")] = 8000,
     workers: Workers = 1,
+    force: Annotated[bool, typer.Option("--force", help="Start a new run in a SAVE_DIR that holds another (replaces its checkpoints).")] = False,
 ):
     """Train a Transformer on DATA_DIR, or directly on raw parallel files."""
     from .config import OptimConfig, TrainConfig, TokenizerConfig, model_config_for, parse_duration, read_toml
@@ -197,7 +211,7 @@ def train(
     elif train_prefix or valid_prefix:
         raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
     job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),
-                   train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw)
+                   train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw, force=force)
     result = run(job)
     typer.echo(
         f"{result.updates} updates, {result.epochs:.2f} epochs in {result.train_seconds:.0f}s "
@@ -223,6 +237,7 @@ def translate(
     max_len_a: Annotated[float, typer.Option("--max-len-a", help="Max output length = a * source length + b.")] = 0.0,
     max_len_b: Annotated[int, typer.Option("--max-len-b")] = 200,
     print_scores: Annotated[bool, typer.Option("--print-scores", help="index<TAB>score<TAB>translation.")] = False,
+    errors: Errors = "replace",
     device: Device = "auto",
     precision: Precision = "fp32",
     threads: Threads = 0,
@@ -233,10 +248,11 @@ def translate(
 
     config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
                           max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores, device=device,
-                          precision=precision, threads=threads)
+                          precision=precision, threads=threads, errors=errors)
     if output is not None:
-        from .textio import InputError
+        from .textio import InputError, check_output_file
 
+        check_output_file(output)
         if output.exists() and input is not None and output.resolve() == input.resolve():
             raise InputError(f"{output}: --output is the --input file; write somewhere else")
         tmp = output.with_name(f".{output.name}.partial")
@@ -244,6 +260,9 @@ def translate(
             with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
                 translate_file(checkpoint, config, input, handle)
             os.replace(tmp, output)  # a partial output never looks complete
+        except OSError as error:
+            error.filename = error.filename or str(output)  # e.g. a full disk: name the output, not nothing
+            raise
         finally:
             tmp.unlink(missing_ok=True)
     else:
@@ -264,12 +283,14 @@ def score(
 ):
     """Score translations against references with sacrebleu (BLEU, chrF, TER)."""
     from .score import score_files
-    from .textio import decode_line
+    from .textio import LineDecoder, open_stdin
 
     names = [m.strip().lower() for m in metrics.split(",") if m.strip()]
     stdin_lines = None
     if hyp is None:
-        stdin_lines = [decode_line(raw, "<stdin>", n, errors="replace") for n, raw in enumerate(sys.stdin.buffer, 1)]
+        decode = LineDecoder("<stdin>", errors="replace")
+        stdin_lines = [decode(raw, n) for n, raw in enumerate(open_stdin(), 1)]
+        decode.finish()
     results = score_files(hyp, ref, names, tokenize, lowercase, stdin_lines)
     if as_json:
         typer.echo(json.dumps({r.name: {"score": round(r.score, 4), "signature": r.signature, "detail": r.detail} for r in results}))

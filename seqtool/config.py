@@ -149,6 +149,7 @@ class DecodeConfig(_Config):
     precision: str = "fp32"
     threads: int = 0
     chunk_lines: int = 2048  # lines read, sorted and batched together
+    errors: str = "replace"  # invalid UTF-8 in the input: replace (with a warning) or strict (stop)
 
     def __post_init__(self):
         _check(self.beam >= 1, f"--beam must be >= 1, got {self.beam}")
@@ -157,6 +158,7 @@ class DecodeConfig(_Config):
         _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
         _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
         _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
+        _check(self.errors in ("strict", "replace"), f"--errors must be strict or replace, got {self.errors!r}")
 
 
 def model_config_for(arch: str, **overrides: Any) -> ModelConfig:

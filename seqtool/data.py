@@ -146,6 +146,11 @@ def collate(dataset: ParallelDataset, ids: np.ndarray, pad: int, bos: int, eos: 
     return Batch(ids, torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), ntokens)
 
 
+def min_pair_length(dataset: ParallelDataset) -> int:
+    """Cost of the cheapest pair (with EOS/BOS): the smallest token budget that trains anything."""
+    return int(np.maximum(dataset.src.lengths, dataset.tgt.lengths).min()) + 1 if len(dataset) else 0
+
+
 def epoch_batches(dataset: ParallelDataset, max_tokens: int, max_positions: int, seed: int, epoch: int,
                   rank: int = 0, world: int = 1, shuffle: bool = True) -> tuple[list[np.ndarray], int]:
     """This rank's batches for an epoch, and how many pairs were skipped as too long."""

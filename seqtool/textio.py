@@ -2,15 +2,23 @@
 
 Owns opening plain or gzip files, splitting on b"\\n" alone (so \\r, \\x85 and U+2028 inside a line
 stay text), stripping one trailing \\r (CRLF files), decoding UTF-8 with a clear error naming the
-file and line, and the one-line errors for missing or unreadable inputs.
+file and line (or replacing it with a warning), standard input that is closed, and the one-line
+errors for missing or unreadable inputs and unwritable outputs.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import os
+import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
+
+from . import log
+
+# Invalid UTF-8 replaced under --errors replace: warn about this many lines per file, then count.
+WARN_LINES = 10
 
 
 class InputError(Exception):
@@ -45,15 +53,61 @@ def decode_line(raw: bytes, where: str, lineno: int, errors: str = "strict") -> 
         ) from None
 
 
+class LineDecoder:
+    """decode_line for one stream, with --errors: strict stops at the first invalid line; replace
+    puts U+FFFD for the bad bytes and warns, naming the line (the first WARN_LINES, then a count)."""
+
+    def __init__(self, where: str, errors: str = "strict"):
+        if errors not in ("strict", "replace"):
+            raise InputError(f"--errors must be strict or replace, got {errors!r}")
+        self.where, self.errors, self.replaced = where, errors, 0
+
+    def __call__(self, raw: bytes, lineno: int) -> str:
+        try:
+            return decode_line(raw, self.where, lineno)
+        except InputError:
+            if self.errors == "strict":
+                raise
+        self.replaced += 1
+        if self.replaced <= WARN_LINES:
+            log.warn(f"{self.where}:{lineno}: invalid UTF-8, undecodable bytes replaced by U+FFFD")
+        return decode_line(raw, self.where, lineno, errors="replace")
+
+    def finish(self) -> None:
+        if self.replaced > WARN_LINES:
+            log.warn(f"{self.where}: invalid UTF-8 replaced in {self.replaced} lines in all")
+
+
 def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
     """Stream the lines of a plain or .gz file."""
+    decode = LineDecoder(str(path), errors)
     with open_binary(path) as handle:
         lineno = 0
         try:
             for lineno, raw in enumerate(handle, start=1):
-                yield decode_line(raw, str(path), lineno, errors)
+                yield decode(raw, lineno)
         except (OSError, EOFError) as error:  # truncated gzip, I/O error
             raise InputError(f"{path}:{lineno + 1}: cannot read: {error}") from None
+    decode.finish()
+
+
+def open_stdin() -> BinaryIO:
+    """Standard input as bytes; a closed stdin (`<&-`) is a clear error, a terminal gets a hint."""
+    if sys.stdin is None or sys.stdin.closed:
+        raise InputError("<stdin>: standard input is closed; pipe text in or give an input file")
+    if sys.stdin.isatty():
+        log.info("reading from the terminal: type lines, end with Ctrl-D (or give an input file)")
+    return sys.stdin.buffer
+
+
+def check_output_file(path: Path) -> None:
+    """Fail before any work when an output file cannot be created where asked."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; give a file name for the output")
+    parent = path.parent
+    if not parent.is_dir():
+        raise InputError(f"{path}: the directory {parent} does not exist; create it first")
 
 
 def find_split_file(prefix: str, lang: str) -> Path:
@@ -78,8 +132,10 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC and not error.filename:
+            error.filename = str(path)  # so the message names the file that could not be written
         raise
 
 

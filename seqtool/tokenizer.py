@@ -55,7 +55,12 @@ class Tokenizer:
         return self.sp.encode(text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self.sp.encode(list(texts))
+        texts = list(texts)
+        try:
+            return self.sp.encode(texts)
+        except (TypeError, UnicodeEncodeError):
+            # lone surrogates (text read with errors="surrogateescape") are not UTF-8: U+FFFD, as for bad bytes
+            return self.sp.encode([t.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for t in texts])
 
     def pieces(self, text: str) -> list[str]:
         return self.sp.encode(text, out_type=str)

@@ -9,6 +9,7 @@ parallel files first trains a tokenizer and binarizes into SAVE_DIR/data through
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import signal
@@ -24,7 +25,7 @@ import torch
 from . import checkpoint, log
 from .binarize import SplitSpec, binarize
 from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
-from .data import ParallelDataset, collate, epoch_batches, read_meta
+from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
 from .model import Transformer, label_smoothed_nll
 from .textio import InputError
 from .tokenizer import Tokenizer, train_tokenizer
@@ -51,6 +52,7 @@ class TrainJob:
     train: TrainConfig
     data_dir: Optional[Path] = None
     raw: Optional[RawData] = None
+    force: bool = False  # start afresh in a SAVE_DIR that holds another run (instead of resuming or refusing)
 
 
 @dataclass
@@ -96,9 +98,6 @@ def prepare_raw(job: TrainJob) -> Path:
     """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them)."""
     assert job.raw is not None
     data_dir = Path(job.save_dir) / "data"
-    if (data_dir / "meta.json").exists():
-        log.info(f"using the data prepared earlier in {data_dir}")
-        return data_dir
     src, tgt = job.train.src_lang, job.train.tgt_lang
     if not src or not tgt:
         raise ConfigError("training on raw files needs --src and --tgt")
@@ -106,12 +105,19 @@ def prepare_raw(job: TrainJob) -> Path:
 
     files = [find_split_file(job.raw.train_prefix, src), find_split_file(job.raw.train_prefix, tgt)]
     find_split_file(job.raw.valid_prefix, src), find_split_file(job.raw.valid_prefix, tgt)  # fail early
+    if (data_dir / "meta.json").exists() and not job.force:
+        earlier = read_meta(data_dir)["splits"].get("train", {})
+        if [earlier.get("src_file"), earlier.get("tgt_file")] != [str(f) for f in files]:
+            raise InputError(f"{data_dir}: was prepared from {earlier.get('src_file')} and {earlier.get('tgt_file')}, not "
+                             f"{files[0]} and {files[1]}; use another --save-dir or pass --force to start over")
+        log.info(f"using the data prepared earlier in {data_dir}")
+        return data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"training a {job.raw.tokenizer.model_type} tokenizer ({job.raw.tokenizer.vocab_size} pieces) on {', '.join(map(str, files))}")
     model_path = train_tokenizer(files, str(data_dir / "tokenizer"), job.raw.tokenizer)
     log.info(f"binarizing into {data_dir}")
     binarize(src, tgt, [SplitSpec("train", job.raw.train_prefix), SplitSpec("valid", job.raw.valid_prefix)],
-             model_path, data_dir, workers=job.raw.workers)
+             model_path, data_dir, workers=job.raw.workers, force=job.force)
     return data_dir
 
 
@@ -126,9 +132,12 @@ class Trainer:
         data_dir = prepare_raw(job) if job.raw is not None else Path(job.data_dir)
         self.data_dir = data_dir
         self.meta = read_meta(data_dir)
+        check_languages(data_dir, self.meta, cfg)
         self.tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
         if self.tokenizer.vocab_size != self.meta["vocab_size"]:
             raise InputError(f"{data_dir}/tokenizer.model has {self.tokenizer.vocab_size} pieces but meta.json says {self.meta['vocab_size']}; binarize again")
+        if self.meta.get("tokenizer_sha256") not in (None, hashlib.sha256(self.tokenizer.model_bytes).hexdigest()):
+            raise InputError(f"{data_dir}/tokenizer.model is not the tokenizer the data was binarized with (sha256 differs from meta.json); binarize again with it")
         self.train_set = ParallelDataset(data_dir, "train", self.meta)
         self.valid_set = ParallelDataset(data_dir, "valid", self.meta) if "valid" in self.meta["splits"] else None
         sp = self.meta["special_ids"]
@@ -155,9 +164,14 @@ class Trainer:
     def _resume_or_start(self) -> None:
         save_dir = self.paths.save_dir
         save_dir.mkdir(parents=True, exist_ok=True)
+        if self.job.force and (self.paths.last.exists() or self.paths.best.exists()):
+            # start afresh: the old checkpoints are replaced by the first save, the old metrics now
+            log.warn(f"--force: starting a new run in {save_dir}; its checkpoints will be replaced")
+            for path in (self.paths.last, self.paths.best, self.paths.metrics):
+                path.unlink(missing_ok=True)
         if not self.paths.last.exists():
             if self.paths.best.exists():
-                raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir")
+                raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir or pass --force to replace it")
             self.paths.config.write_text(json.dumps(self.configs, indent=2) + "\n")
             return
         ckpt = checkpoint.load(self.paths.last)
@@ -166,7 +180,7 @@ class Trainer:
         if diffs:
             raise ConfigError(
                 f"{self.paths.last}: saved with a different configuration, so it cannot be resumed: "
-                + "; ".join(diffs) + ". Use the same settings, or another --save-dir"
+                + "; ".join(diffs) + ". Use the same settings, another --save-dir, or --force to start over"
             )
         if checkpoint.tokenizer_bytes(ckpt) != self.tokenizer.model_bytes:
             raise InputError(f"{self.paths.last}: was trained with another tokenizer than {self.data_dir}/tokenizer.model")
@@ -270,7 +284,9 @@ class Trainer:
             while not stopped_by:
                 batches, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st["epoch"])
                 if not batches:
-                    raise InputError(f"{self.data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {mc.max_positions} positions")
+                    shortest = int(min_pair_length(self.train_set))
+                    raise InputError(f"{self.data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {mc.max_positions} positions "
+                                     f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
                 if st["updates"] == 0 and st["batch_in_epoch"] == 0 and skipped:
                     log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
                 for k in range(st["batch_in_epoch"], len(batches)):
@@ -344,6 +360,14 @@ class Trainer:
                        "best_loss": st["best_valid_loss"], "seconds": st["train_seconds"], "valid_seconds": seconds})
         log.info(f"valid | update {st['updates']} | loss {valid_loss:.3f} | ppl {math.exp(min(valid_nll, 50)) if not math.isnan(valid_nll) else float('nan'):.2f} "
                  f"| best {st['best_valid_loss']:.3f} | {seconds:.1f}s")
+
+
+def check_languages(data_dir: Path, meta: dict, cfg: TrainConfig) -> None:
+    """--src/--tgt, when given, must be the languages DATA_DIR holds (never trained the wrong way silently)."""
+    for option, asked, held in (("--src", cfg.src_lang, meta["src_lang"]), ("--tgt", cfg.tgt_lang, meta["tgt_lang"])):
+        if asked and asked != held:
+            raise ConfigError(f"{option} {asked}, but {data_dir} holds {meta['src_lang']} -> {meta['tgt_lang']} data; "
+                              f"drop {option} or binarize {asked} data")
 
 
 def _raise_keyboard_interrupt(signum, frame):

@@ -21,11 +21,12 @@ import torch
 from . import checkpoint, log
 from .config import DecodeConfig
 from .search import Hypothesis, search
-from .textio import InputError, decode_line
+from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
 from .train import autocast_for, pick_device
 
 IDLE_FLUSH_SECONDS = 0.05
+_NEXT = object()  # no pending end or error: read on
 
 
 @dataclass
@@ -125,10 +126,13 @@ class Translator:
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:
-    """Plain: the best hypothesis. With --nbest N > 1 or --print-scores: N tab-separated lines."""
+    """Plain: the best hypothesis. With --nbest N > 1 or --print-scores: N tab-separated lines.
+
+    A hypothesis never spans lines: a \\n decoded from a byte piece becomes a space."""
+    texts = [text.replace("\n", " ") for text in t.texts]
     if config.nbest == 1 and not config.print_scores:
-        return (t.texts[0] if t.texts else "") + "\n"
-    rows = [f"{t.index}\t{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, t.texts)]
+        return (texts[0] if texts else "") + "\n"
+    rows = [f"{t.index}\t{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, texts)]
     if not rows:  # an empty line: one empty hypothesis, still N lines as promised
         rows = [f"{t.index}\t0.0000\t"] * config.nbest
     rows += [rows[-1]] * (config.nbest - len(rows))
@@ -138,59 +142,54 @@ def format_translation(t: Translation, config: DecodeConfig) -> str:
 class _LineReader:
     """Reads lines (\\n only) in a thread, so the main loop can stop waiting after a short pause."""
 
-    def __init__(self, stream: BinaryIO, name: str, maxsize: int):
+    def __init__(self, stream: BinaryIO, name: str, maxsize: int, errors: str = "replace"):
         self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
-        self.stream, self.name = stream, name
+        self.stream, self.decode = stream, LineDecoder(name, errors)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
             for lineno, raw in enumerate(self.stream, start=1):
-                try:
-                    text = decode_line(raw, self.name, lineno)
-                except InputError:
-                    log.warn(f"{self.name}:{lineno}: invalid UTF-8, undecodable bytes replaced by U+FFFD")
-                    text = decode_line(raw, self.name, lineno, errors="replace")
-                self.queue.put(text)
+                self.queue.put(self.decode(raw, lineno))
+            self.decode.finish()
         except BaseException as error:  # handed to the main thread, which reports it
             self.queue.put(error)
         self.queue.put(None)
 
     def chunks(self, size: int) -> Iterator[list[str]]:
-        while True:
-            item = self.queue.get()
-            if item is None:
-                return
+        """Lists of up to `size` lines. The end of input (None) or the reader's error is acted on
+        after the chunk of lines read before it."""
+        item = self.queue.get()
+        while item is not None:
             if isinstance(item, BaseException):
                 raise item
-            chunk = [item]
+            chunk, item = [item], _NEXT
             while len(chunk) < size:
                 try:
-                    item = self.queue.get(timeout=IDLE_FLUSH_SECONDS)
+                    following = self.queue.get(timeout=IDLE_FLUSH_SECONDS)
                 except queue.Empty:
                     break  # input paused: translate what has arrived
-                if item is None or isinstance(item, BaseException):
-                    self.queue.put(item)  # seen again by the outer loop
+                if following is None or isinstance(following, BaseException):
+                    item = following
                     break
-                chunk.append(item)
+                chunk.append(following)
             yield chunk
+            if item is _NEXT:
+                item = self.queue.get()
 
 
 def translate_file(checkpoint_path: Path, config: DecodeConfig, input_path: Optional[Path] = None,
                    output: Optional[TextIO] = None) -> int:
     """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines."""
-    translator = Translator.load(checkpoint_path, config)
-    output = output or sys.stdout
+    # the input first: a missing file or a closed stdin is reported before the model loads
     if input_path is not None:
-        from .textio import open_binary
-
         stream, name = open_binary(input_path), str(input_path)
     else:
-        stream, name = sys.stdin.buffer, "<stdin>"
-        if sys.stdin.isatty():
-            log.info("reading from the terminal: type lines, end with Ctrl-D")
-    reader = _LineReader(stream, name, maxsize=4 * config.chunk_lines)
+        stream, name = open_stdin(), "<stdin>"
+    translator = Translator.load(checkpoint_path, config)
+    output = output or sys.stdout
+    reader = _LineReader(stream, name, maxsize=4 * config.chunk_lines, errors=config.errors)
     count = 0
     for chunk in reader.chunks(config.chunk_lines):
         for t in translator.translate_chunk(count, chunk):

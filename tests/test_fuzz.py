@@ -1,0 +1,111 @@
+"""Property-based tests of the text path: whatever the lines, nothing is lost, added or reordered.
+
+- translate writes exactly one line per input line, in input order: each output line equals the
+  translation of its input line alone (the tiny untrained model's output depends on its input, so
+  a swapped or shifted line shows), and --print-scores numbers the lines 0..n-1;
+- binarize then reading back gives the tokenizer's ids of every line.
+
+Inputs are bytes: any Unicode text (with \\r, \\x85, U+2028, NUL, U+FFFD, empty and very long lines)
+and invalid UTF-8. The normal run is bounded (SEQTOOL_FUZZ_EXAMPLES, default 20 per property);
+bench/fuzz.py runs the same properties with many more examples.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import seqtool.binarize
+from seqtool.binarize import SplitSpec, binarize
+from seqtool.cli import app
+from seqtool.config import DecodeConfig
+from seqtool.data import ParallelDataset
+from seqtool.tokenizer import Tokenizer
+from seqtool.translate import Translator, translate_file
+
+EXAMPLES = int(os.environ.get("SEQTOOL_FUZZ_EXAMPLES", "20"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# The characters that break naive line handling, mixed into otherwise arbitrary text.
+TRICKY = st.sampled_from(["\r", "\x85", "\u2028", "\u2029", "\x00", "\ufffd", "\x0b", "\x0c", " ", "\t", "a b", "\U0001F600", "e\u0301", "\u05e9\u05dc"])
+TEXT_LINE = st.lists(st.one_of(st.text(alphabet=st.characters(blacklist_characters="\n", blacklist_categories=("Cs",)), max_size=12), TRICKY),
+                     max_size=8).map("".join).map(lambda s: s.encode("utf-8"))
+BAD_LINE = st.binary(max_size=24).map(lambda b: b.replace(b"\n", b""))  # mostly invalid UTF-8
+LONG_LINE = st.integers(200, 3000).map(lambda n: ("a b\r\x85 " * n).encode())  # far beyond 32 positions
+LINE = st.one_of(TEXT_LINE, TEXT_LINE, BAD_LINE, st.just(b""), st.just(b"\r"), LONG_LINE)
+
+
+def as_file(lines: list[bytes], final_newline: bool) -> bytes:
+    """The bytes of a file holding these lines; without a final newline the last line still counts,
+    unless it is empty (then nothing marks it)."""
+    if not lines:
+        return b""
+    return b"\n".join(lines) + (b"\n" if final_newline or lines[-1] == b"" else b"")
+
+
+def as_text(raw: bytes) -> str:
+    """What every command promises to make of one line: one trailing \\r dropped, bad bytes -> U+FFFD."""
+    return raw.removesuffix(b"\r").decode("utf-8", errors="replace")
+
+
+@pytest.fixture(scope="module")
+def greedy(tiny_checkpoint):
+    config = DecodeConfig(beam=1, max_len_b=5, batch_size=4, max_tokens=40, device="cpu", chunk_lines=5)
+    return Translator.load(tiny_checkpoint, config)
+
+
+@FUZZ
+@given(lines=st.lists(LINE, max_size=14), final_newline=st.booleans(), scores=st.booleans())
+def test_translate_writes_one_line_per_line_in_order(greedy, tiny_checkpoint, lines, final_newline, scores):
+    config = greedy.config.replace(print_scores=scores)
+    translator = Translator(greedy.model, greedy.tokenizer, config, greedy.device)
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        path = Path(tmp) / "in.txt"
+        path.write_bytes(as_file(lines, final_newline))
+        patch.setattr(Translator, "load", classmethod(lambda cls, *args: translator))  # the model loads once per module
+        out = io.StringIO()
+        assert translate_file(tiny_checkpoint, config, path, out) == len(lines)
+    rows = out.getvalue().split("\n")
+    assert rows.pop() == ""  # every output line ends with \n
+    assert len(rows) == len(lines)
+    alone = [greedy.translate([as_text(raw)])[0].replace("\n", " ") for raw in lines]
+    if scores:
+        fields = [row.split("\t", 2) for row in rows]
+        assert [int(f[0]) for f in fields] == list(range(len(lines)))
+        assert [f[2] for f in fields] == alone
+    else:
+        assert rows == alone
+
+
+@FUZZ
+@given(pairs=st.lists(st.tuples(LINE, LINE), min_size=1, max_size=12), final_newline=st.booleans())
+def test_binarize_then_read_back_gives_the_encoded_ids(tiny_checkpoint, pairs, final_newline):
+    tokenizer = Tokenizer(Path(tiny_checkpoint.parent / "spm.model").read_bytes())
+    src, tgt = [p[0] for p in pairs], [p[1] for p in pairs]
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(seqtool.binarize, "CHUNK_LINES", 5)  # several chunks per file
+        d = Path(tmp)
+        (d / "c.src").write_bytes(as_file(src, final_newline))
+        (d / "c.tgt").write_bytes(as_file(tgt, True))
+        binarize("src", "tgt", [SplitSpec("train", str(d / "c"))], tiny_checkpoint.parent / "spm.model", d / "bin", errors="replace")
+        ds = ParallelDataset(d / "bin", "train")
+        assert len(ds) == len(pairs)
+        assert [ds.src[i].tolist() for i in range(len(ds))] == tokenizer.encode_batch([as_text(r) for r in src])
+        assert [ds.tgt[i].tolist() for i in range(len(ds))] == tokenizer.encode_batch([as_text(r) for r in tgt])
+
+
+@settings(max_examples=max(2, EXAMPLES // 8), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines=st.lists(LINE, max_size=6))
+def test_cli_translate_counts_lines(tiny_checkpoint, lines):
+    data = as_file(lines, True)
+    result = CliRunner().invoke(app, ["translate", "-c", str(tiny_checkpoint), "--beam", "2", "--max-len-b", "4", "--device", "cpu"], input=data)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("\n") == len(lines)
+    assert "Traceback" not in result.stderr
