@@ -130,14 +130,14 @@ def render_terminal(att: SentenceAttention, layers: list[int]):
     blocks = []
     for layer in layers:
         weights, rows, cols = att.maps("cross", layer)  # (H, T, S)
-        panels = [_heatmap(weights.mean(0), rows, cols, f"layer {layer + 1}, mean of {weights.size(0)} heads")]
-        panels += [_heatmap(weights[h], rows, cols, f"layer {layer + 1}, head {h + 1}") for h in range(weights.size(0))]
+        panels = [heatmap_text(weights.mean(0), rows, cols, f"layer {layer + 1}, mean of {weights.size(0)} heads")]
+        panels += [heatmap_text(weights[h], rows, cols, f"layer {layer + 1}, head {h + 1}") for h in range(weights.size(0))]
         blocks.append(Text(f"encoder-decoder attention, layer {layer + 1} (rows: target written, columns: source)", style="bold"))
         blocks.append(Columns(panels, padding=(1, 3)))
     return Group(*blocks)
 
 
-def _heatmap(weights: torch.Tensor, rows: list[str], cols: list[str], title: str):
+def heatmap_text(weights: torch.Tensor, rows: list[str], cols: list[str], title: str):
     """(rows, cols) weights -> a Text block: a title, column labels written downwards, one line per row."""
     from rich.text import Text
 
