@@ -276,10 +276,10 @@ def attention(
     from .plot import show_attention
 
     config = DecodeConfig(beam=beam, lenpen=lenpen, device=device, precision=precision, threads=threads)
-    att, fig = show_attention(checkpoint, source, config, target=target, output=output, layer=layer,
-                              all_layers=all_layers, terminal=terminal)
+    show_attention(checkpoint, source, config, target=target, output=output, layer=layer, all_layers=all_layers,
+                   terminal=terminal)
     if output is not None:
-        typer.echo(f"wrote {output} ({sum(1 for ax in fig.axes if ax.get_label() != '<colorbar>')} panels)", err=True)
+        typer.echo(f"wrote {output}", err=True)
 
 
 @app.command()

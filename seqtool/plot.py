@@ -97,9 +97,10 @@ def draw_figure(att: SentenceAttention, layers: dict[str, list[int]]):
     rows = [(kind, layer) for kind in KINDS for layer in layers[kind]]
     H = att.weights.cross[0].size(1)
     n = max(len(att.source), len(att.target_in))
-    # Panels grow with the sentence so that up to ~60 tokens stay readable at 6 pt.
-    fontsize = 8 if n <= 20 else 7 if n <= 40 else 6
-    side = max(2.4, 0.12 * n + 1.0)  # inches per panel
+    # Panels grow with the sentence (0.13 inch per token) so that labels of up to ~60 tokens
+    # keep 7 pt each; saved at 150 dpi, a 7 pt label is ~15 pixels high.
+    fontsize = 8 if n <= 30 else 7
+    side = max(2.4, 0.13 * n + 1.0)  # inches per panel
     fig = Figure(figsize=(side * H + 1.0, (side + 0.5) * len(rows)), layout="constrained")
     axes = fig.subplots(len(rows), H, squeeze=False)
     for r, (kind, layer) in enumerate(rows):
@@ -116,7 +117,7 @@ def draw_figure(att: SentenceAttention, layers: dict[str, list[int]]):
 
 def save_figure(fig, path: Path) -> None:
     fmt = path.suffix.lower().lstrip(".")
-    atomic_write(path, lambda handle: fig.savefig(handle, format=fmt, dpi=100))
+    atomic_write(path, lambda handle: fig.savefig(handle, format=fmt, dpi=150))
 
 
 def render_terminal(att: SentenceAttention, layers: list[int]):

@@ -255,10 +255,13 @@ def test_attention_options_reach_the_library_call(monkeypatch):
     assert (c.beam, c.lenpen, c.device, c.precision, c.threads) == (3, 0.5, "cpu", "bf16", 1)
 
 
-def test_attention_without_output_or_terminal_is_refused(tiny_checkpoint):
+def test_attention_without_output_or_terminal_and_a_missing_layer_are_refused(tiny_checkpoint):
     from typer.testing import CliRunner
 
     from seqtool.cli import app
 
     result = CliRunner().invoke(app, ["attention", "a b", "-c", str(tiny_checkpoint)])
     assert result.exit_code == 1 and "give --output FILE (.png, .svg or .pdf), --terminal, or both" in result.output
+    result = CliRunner().invoke(app, ["translate", "-c", str(tiny_checkpoint), "--print-alignment", "--alignment-layer", "3",
+                                      "--device", "cpu"], input="a b\n")
+    assert result.exit_code == 1 and result.output.strip() == "error: --alignment-layer 3: the model has layers 1 to 2"
