@@ -21,8 +21,11 @@ import torch
 
 from . import log
 from .attention import AttentionWeights, force_decode, resolve_layer
-from .config import ConfigError, DecodeConfig
+from .config import ConfigError, DecodeConfig, ModelConfig
+from .search import search
 from .textio import InputError, atomic_write
+from .train import autocast_for
+from .translate import Translator
 
 FORMATS = (".png", ".svg", ".pdf")
 SHADES = " ░▒▓█"  # terminal cells: weight 0-0.2, 0.2-0.4, ..., 0.8-1
@@ -56,36 +59,33 @@ def require_matplotlib() -> None:
 
 
 def sentence_attention(translator, source: str, target: Optional[str] = None) -> SentenceAttention:
-    """Translate `source` with the translator's search (or force-decode `target`) and fetch every weight."""
-    model, tokenizer, c = translator.model, translator.tokenizer, translator.model.config
+    """Translate `source` with the search `translate` uses (or take `target`) and fetch every weight."""
+    model, tokenizer, c, d = translator.model, translator.tokenizer, translator.model.config, translator.config
     src_ids = translator._encode(0, [source])[0]  # cropped to the model's positions, with a warning
     if not src_ids:
         raise InputError("the source sentence is empty: nothing to attend to")
-    if target is None:
-        best = translator.translate_chunk(0, [source])[0]
-        tgt_ids, text = best.hypotheses[0].tokens, best.texts[0]
-    else:
-        tgt_ids, text = tokenizer.encode(target), target
+    if target is not None:
+        tgt_ids = tokenizer.encode(target)
         if len(tgt_ids) + 1 > c.max_positions:
             raise InputError(f"--target has {len(tgt_ids)} tokens; this model takes at most {c.max_positions - 1}")
     src = torch.tensor([src_ids + [c.eos_id]], device=translator.device)  # (1, S)
-    tgt_in = torch.tensor([[c.bos_id] + tgt_ids], device=translator.device)  # (1, T)
-    from .train import autocast_for
-
-    with torch.inference_mode(), autocast_for(translator.device, translator.config.precision):
+    with torch.inference_mode(), autocast_for(translator.device, d.precision):
+        if target is None:
+            tgt_ids = search(model, src, d.beam, d.max_len_a, d.max_len_b, d.lenpen)[0][0].tokens  # the best
+        tgt_in = torch.tensor([[c.bos_id] + tgt_ids], device=translator.device)  # (1, T)
         weights = force_decode(model, src, tgt_in)
-    pieces = tokenizer.sp.id_to_piece
-    tgt_pieces = [pieces(i) for i in tgt_ids]
-    return SentenceAttention([pieces(i) for i in src_ids] + ["</s>"], ["<s>"] + tgt_pieces, tgt_pieces + ["</s>"],
-                             text, AttentionWeights(*([w.cpu() for w in ws] for ws in (weights.encoder, weights.decoder, weights.cross))))
+    pieces = [tokenizer.sp.id_to_piece(i) for i in tgt_ids]
+    return SentenceAttention([tokenizer.sp.id_to_piece(i) for i in src_ids] + ["</s>"], ["<s>"] + pieces, pieces + ["</s>"],
+                             target if target is not None else tokenizer.decode(tgt_ids),
+                             AttentionWeights(*([w.cpu() for w in ws] for ws in (weights.encoder, weights.decoder, weights.cross))))
 
 
-def selected_layers(att: SentenceAttention, layer: int, all_layers: bool) -> dict[str, list[int]]:
+def selected_layers(config: ModelConfig, layer: int, all_layers: bool) -> dict[str, list[int]]:
     """0-based layers to show per kind: all, or the 1-based `layer` (0 = last) of each stack."""
     out = {}
-    for kind, stack in (("encoder", att.weights.encoder), ("decoder", att.weights.decoder), ("cross", att.weights.cross)):
-        name = "encoder" if kind == "encoder" else "decoder"
-        out[kind] = list(range(len(stack))) if all_layers else [resolve_layer(layer, len(stack), f"--layer ({name})")]
+    for kind, name, n in (("encoder", "encoder", config.encoder_layers), ("decoder", "decoder", config.decoder_layers),
+                          ("cross", "decoder", config.decoder_layers)):
+        out[kind] = list(range(n)) if all_layers else [resolve_layer(layer, n, f"--layer ({name})")]
     return out
 
 
@@ -169,11 +169,9 @@ def show_attention(checkpoint: Path, source: str, config: DecodeConfig, *, targe
         if output.suffix.lower() not in FORMATS:
             raise ConfigError(f"{output}: the picture's name must end in {', '.join(FORMATS)}")
         require_matplotlib()  # before the model is loaded: fail fast
-    from .translate import Translator
-
     translator = Translator.load(checkpoint, config)
+    layers = selected_layers(translator.model.config, layer, all_layers)  # before the work
     att = sentence_attention(translator, source, target)
-    layers = selected_layers(att, layer, all_layers)
     log.info(f"{'target' if target is not None else 'translation'}: {att.translation}")
     fig = None
     if output is not None:

@@ -19,8 +19,8 @@ from typing import BinaryIO, Iterable, Iterator, Optional, TextIO
 import torch
 
 from . import checkpoint, log
-from .config import DecodeConfig
 from .attention import align_hypotheses, format_alignment, resolve_layer
+from .config import DecodeConfig
 from .search import Hypothesis, search
 from .textio import InputError, decode_line
 from .tokenizer import Tokenizer
