@@ -261,7 +261,7 @@ def attention(
     *,
     checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="best.pt or last.pt from seqtool train.")],
     target: Annotated[Optional[str], typer.Option("--target", "-t", help="Force-decode this translation instead of searching for one.")] = None,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Picture to write: .png, .svg or .pdf (needs seqtool[plot]).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Picture to write: .png, .svg or .pdf (needs matplotlib).")] = None,
     layer: Annotated[int, typer.Option("--layer", help="Layer to draw, 1-based (0 = the last).")] = 0,
     all_layers: Annotated[bool, typer.Option("--all-layers", help="Draw every layer.")] = False,
     terminal: Annotated[bool, typer.Option("--terminal", help="Print encoder-decoder attention as a heatmap on stdout.")] = False,
