@@ -238,6 +238,8 @@ def translate(
     max_len_b: Annotated[int, typer.Option("--max-len-b")] = 200,
     print_scores: Annotated[bool, typer.Option("--print-scores", help="index<TAB>score<TAB>translation.")] = False,
     errors: Errors = "replace",
+    print_alignment: Annotated[bool, typer.Option("--print-alignment", help="Add a 4th field: source-target token pairs 'i-j' from encoder-decoder attention.")] = False,
+    alignment_layer: Annotated[int, typer.Option("--alignment-layer", help="Decoder layer (1-based) whose attention, averaged over heads, gives --print-alignment; 0 = the last.")] = 0,
     device: Device = "auto",
     precision: Precision = "fp32",
     threads: Threads = 0,
@@ -247,7 +249,8 @@ def translate(
     from .translate import translate_file
 
     config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
-                          max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores, device=device,
+                          max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores,
+                          print_alignment=print_alignment, alignment_layer=alignment_layer, device=device,
                           precision=precision, threads=threads, errors=errors)
     if output is not None:
         from .textio import InputError, check_output_file
@@ -268,6 +271,34 @@ def translate(
     else:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
         translate_file(checkpoint, config, input)
+
+
+@app.command()
+@handles_user_errors
+def attention(
+    source: Annotated[str, typer.Argument(help="The source sentence.")],
+    *,
+    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="best.pt or last.pt from seqtool train.")],
+    target: Annotated[Optional[str], typer.Option("--target", "-t", help="Force-decode this translation instead of searching for one.")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Picture to write: .png, .svg or .pdf (needs matplotlib).")] = None,
+    layer: Annotated[int, typer.Option("--layer", help="Layer to draw, 1-based (0 = the last).")] = 0,
+    all_layers: Annotated[bool, typer.Option("--all-layers", help="Draw every layer.")] = False,
+    terminal: Annotated[bool, typer.Option("--terminal", help="Print encoder-decoder attention as a heatmap on stdout.")] = False,
+    beam: Annotated[int, typer.Option("--beam", "-b", help="Beam size of the translation (1 = greedy).")] = 5,
+    lenpen: Annotated[float, typer.Option("--lenpen", help="Length penalty: score = log-prob / length^lenpen.")] = 1.0,
+    device: Device = "auto",
+    precision: Precision = "fp32",
+    threads: Threads = 0,
+):
+    """Draw the attention of one sentence: every head of the encoder, decoder and encoder-decoder attention."""
+    from .config import DecodeConfig
+    from .plot import show_attention
+
+    config = DecodeConfig(beam=beam, lenpen=lenpen, device=device, precision=precision, threads=threads)
+    show_attention(checkpoint, source, config, target=target, output=output, layer=layer, all_layers=all_layers,
+                   terminal=terminal)
+    if output is not None:
+        typer.echo(f"wrote {output}", err=True)
 
 
 @app.command()

@@ -145,6 +145,8 @@ class DecodeConfig(_Config):
     max_tokens: int = 0  # 0 = only --batch-size limits a batch
     batch_size: int = 64
     print_scores: bool = False
+    print_alignment: bool = False  # hard alignment from encoder-decoder attention (attention.py)
+    alignment_layer: int = 0  # 1-based decoder layer for --print-alignment; 0 = the last
     device: str = "auto"
     precision: str = "fp32"
     threads: int = 0
@@ -156,6 +158,7 @@ class DecodeConfig(_Config):
         _check(1 <= self.nbest <= self.beam, f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
         _check(self.batch_size >= 1, "--batch-size must be >= 1")
         _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
+        _check(self.alignment_layer >= 0, f"--alignment-layer must be >= 0 (0 = the last layer), got {self.alignment_layer}")
         _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
         _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
         _check(self.errors in ("strict", "replace"), f"--errors must be strict or replace, got {self.errors!r}")

@@ -48,7 +48,8 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def linear(x: Tensor, layer: nn.Module) -> Tensor:
-    """layer(x), through oneDNN when layer is a plain float32 nn.Linear on CPU outside autocast."""
+    """layer(x), through oneDNN when layer is a plain float32 nn.Linear on CPU outside autocast
+    and without hooks."""
     if (
         ONEDNN
         and type(layer) is nn.Linear
@@ -56,6 +57,7 @@ def linear(x: Tensor, layer: nn.Module) -> Tensor:
         and x.dtype == torch.float32
         and layer.weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
+        and not (layer._forward_hooks or layer._forward_pre_hooks)  # hooks need the module call
     ):
         x = x.contiguous()
         if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):

@@ -19,6 +19,7 @@ from typing import BinaryIO, Iterable, Iterator, Optional, TextIO
 import torch
 
 from . import checkpoint, log
+from .attention import align_hypotheses, format_alignment, resolve_layer
 from .config import DecodeConfig
 from .search import Hypothesis, search
 from .textio import LineDecoder, open_binary, open_stdin
@@ -35,6 +36,7 @@ class Translation:
     source: str
     hypotheses: list[Hypothesis]  # best first; empty for an empty line
     texts: list[str]
+    alignments: Optional[list[list[tuple[int, int]]]] = None  # per hypothesis, with --print-alignment
 
 
 class Translator:
@@ -47,6 +49,8 @@ class Translator:
     def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device):
         self.model, self.tokenizer, self.config, self.device = model, tokenizer, config, device
         self.max_src = model.config.max_positions - 1  # room for the EOS
+        if config.print_alignment:
+            resolve_layer(config.alignment_layer, model.config.decoder_layers, "--alignment-layer")  # fail before reading input
 
     @classmethod
     def load(cls, path: Path, config: Optional[DecodeConfig] = None) -> "Translator":
@@ -87,6 +91,7 @@ class Translator:
         c, pad, eos = self.config, self.model.config.pad_id, self.model.config.eos_id
         ids = self._encode(start, lines)
         results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
+        alignments: list[Optional[list]] = [None] * len(lines)
         todo = [k for k in range(len(lines)) if ids[k]]  # an empty line translates to an empty line
         lengths = [len(x) for x in ids]
         todo.sort(key=lambda k: lengths[k], reverse=True)
@@ -96,14 +101,18 @@ class Translator:
             for row, k in enumerate(batch):
                 src[row, : lengths[k]] = torch.tensor(ids[k])
                 src[row, lengths[k]] = eos
+            src = src.to(self.device)
             with torch.inference_mode(), autocast_for(self.device, c.precision):
-                hyps = search(self.model, src.to(self.device), c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest)
+                hyps = search(self.model, src, c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest)
+                if c.print_alignment:  # one forced pass over the final hypotheses; search is untouched
+                    for k, a in zip(batch, align_hypotheses(self.model, src, hyps, c.alignment_layer)):
+                        alignments[k] = a
             for k, h in zip(batch, hyps):
                 results[k] = h
         out = []
         for k, line in enumerate(lines):
             hyps = results[k] or []
-            out.append(Translation(start + k, line, hyps, [self.tokenizer.decode(h.tokens) for h in hyps]))
+            out.append(Translation(start + k, line, hyps, [self.tokenizer.decode(h.tokens) for h in hyps], alignments[k]))
         return out
 
     def translate(self, lines: Iterable[str]) -> list[str]:
@@ -126,15 +135,18 @@ class Translator:
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:
-    """Plain: the best hypothesis. With --nbest N > 1 or --print-scores: N tab-separated lines.
+    """Plain: the best hypothesis. With --nbest N > 1, --print-scores or --print-alignment: N
+    tab-separated lines, `index score hypothesis [alignment]`.
 
     A hypothesis never spans lines: a \\n decoded from a byte piece becomes a space."""
     texts = [text.replace("\n", " ") for text in t.texts]
-    if config.nbest == 1 and not config.print_scores:
+    if config.nbest == 1 and not config.print_scores and not config.print_alignment:
         return (texts[0] if texts else "") + "\n"
     rows = [f"{t.index}\t{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, texts)]
+    if config.print_alignment:
+        rows = [f"{row}\t{format_alignment(a)}" for row, a in zip(rows, t.alignments or [])]
     if not rows:  # an empty line: one empty hypothesis, still N lines as promised
-        rows = [f"{t.index}\t0.0000\t"] * config.nbest
+        rows = [f"{t.index}\t0.0000\t" + ("\t" if config.print_alignment else "")] * config.nbest
     rows += [rows[-1]] * (config.nbest - len(rows))
     return "\n".join(rows) + "\n"
 

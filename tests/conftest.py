@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -59,3 +63,35 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     path = d / "model.pt"
     checkpoint.save(checkpoint.build(configs, spm.read_bytes(), checkpoint.model_state(model)), path)
     return path
+
+
+def seqtool(*args, cwd, stdin=None):
+    """Run the installed CLI as a user would (python -m seqtool); fail with its stderr."""
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    result = subprocess.run([sys.executable, "-m", "seqtool", *map(str, args)], cwd=cwd, input=stdin,
+                            capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, f"seqtool {' '.join(map(str, args))} failed:\n{result.stderr[-3000:]}"
+    assert "Traceback" not in result.stderr
+    return result
+
+
+@dataclass
+class ReverseRun:
+    directory: Path  # holds spm.model, bin/, run/{best.pt,last.pt,config.json,metrics.jsonl}
+    texts: dict[str, tuple[list[str], list[str]]]  # split -> (sources, reversed targets)
+
+
+@pytest.fixture(scope="session")
+def reverse_run(tmp_path_factory) -> ReverseRun:
+    """A model trained through the CLI (train-tokenizer -> binarize -> train) to reverse letter
+    sequences of length 5-15 over 20 letters: ~1000 updates of the tiny pre-norm model, trained
+    once per session and shared by the tests that need a model that has learnt something."""
+    d = tmp_path_factory.mktemp("reverse")
+    texts = write_reverse_corpus(d, 5000, 200, seed=0, letters="abcdefghijklmnopqrst")
+    # 45 pieces: the 4 specials, "▁", the 20 letters and the 20 "▁letter" pieces: one token per letter
+    seqtool("train-tokenizer", "train.src", "train.tgt", "--model-prefix", "spm", "--vocab-size", "45", cwd=d)
+    seqtool("binarize", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--test", "test",
+            "--tokenizer", "spm.model", "--out", "bin", "--workers", "2", cwd=d)
+    seqtool("train", "bin", "--save-dir", "run", "--arch", "tiny", "--pre-norm", "--dropout", "0", "--label-smoothing", "0",
+            "--lr", "2e-3", "--warmup", "100", "--max-tokens", "3000", "--max-updates", "1000", "--threads", "2", cwd=d)
+    return ReverseRun(d, texts)

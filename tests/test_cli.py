@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from seqtool.cli import app
 
 runner = CliRunner()
-COMMANDS = ["train-tokenizer", "binarize", "train", "translate", "score", "average"]
+COMMANDS = ["train-tokenizer", "binarize", "train", "translate", "attention", "score", "average"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -83,10 +83,11 @@ def test_translate_options_reach_the_library_call(monkeypatch, tmp_path):
     monkeypatch.setattr(seqtool.translate, "translate_file", fake)
     result = runner.invoke(app, ["translate", "-c", "m.pt", "--beam", "4", "--lenpen", "0.6", "--nbest", "2",
                                  "--max-tokens", "100", "--batch-size", "7", "--max-len-a", "1.5", "--max-len-b", "9",
-                                 "--device", "cpu", "--threads", "1", "--input", "in.txt"])
+                                 "--device", "cpu", "--threads", "1", "--input", "in.txt", "--print-alignment", "--alignment-layer", "2"])
     assert result.exit_code == 0, result.output
     c = seen["config"]
     assert (c.beam, c.lenpen, c.nbest, c.max_tokens, c.batch_size, c.max_len_a, c.max_len_b, c.device, c.threads) == (4, 0.6, 2, 100, 7, 1.5, 9, "cpu", 1)
+    assert (c.print_alignment, c.alignment_layer, c.print_scores) == (True, 2, False)
     assert seen["checkpoint"] == Path("m.pt") and seen["input"] == Path("in.txt")
 
 
@@ -120,6 +121,7 @@ def test_binarize_and_tokenizer_options_reach_the_library(monkeypatch):
     (["train", "nodata", "--save-dir", "x", "--max-time", "soon"], "cannot read duration"),
     (["translate", "-c", "missing.pt"], "missing.pt: no such checkpoint"),
     (["translate", "-c", "m.pt", "--beam", "2", "--nbest", "3"], "--nbest must be between"),
+    (["translate", "-c", "m.pt", "--print-alignment", "--alignment-layer", "-1"], "--alignment-layer must be >= 0"),
     (["binarize", "--src", "es", "--tgt", "es", "--train", "x", "--tokenizer", "t", "--out", "o"], "both 'es'"),
     (["score", "--ref", "nope.txt", "--hyp", "nope.txt"], "nope.txt: no such file"),
     (["average", "a.pt", "--output", "o.pt"], "a.pt: no such checkpoint"),

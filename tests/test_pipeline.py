@@ -1,39 +1,24 @@
 """System test: the whole CLI chain on a task the model must learn.
 
-train-tokenizer -> binarize -> train -> translate -> score, in a temp dir, on reversing letter
-sequences of length 5-15 over 20 letters; held-out sequences must come back reversed exactly,
->= 95% of them (measured: 99% after 1000 updates of the tiny pre-norm model at lr 2e-3; at 3e-3
+train-tokenizer -> binarize -> train (the session fixture `reverse_run` in conftest.py, shared
+with the alignment test) -> translate -> score, on reversing letter sequences of length 5-15
+over 20 letters; held-out sequences must come back reversed exactly, >= 95% of them (measured:
+99% after 1000 updates of the tiny pre-norm model at lr 2e-3; at 3e-3
 the validation loss spikes and one run reached only 91.5%).
 """
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
-from conftest import write_reverse_corpus
-
-
-def seqtool(*args, cwd, stdin=None):
-    env = dict(os.environ, OMP_NUM_THREADS="2")
-    result = subprocess.run([sys.executable, "-m", "seqtool", *map(str, args)], cwd=cwd, input=stdin,
-                            capture_output=True, text=True, timeout=900, env=env)
-    assert result.returncode == 0, f"seqtool {' '.join(map(str, args))} failed:\n{result.stderr[-3000:]}"
-    assert "Traceback" not in result.stderr
-    return result
+from conftest import seqtool, write_reverse_corpus
 
 
 @pytest.mark.slow
-def test_cli_chain_learns_to_reverse(tmp_path):
-    texts = write_reverse_corpus(tmp_path, 5000, 200, seed=0, letters="abcdefghijklmnopqrst")
-    # 45 pieces: the 4 specials, "▁", the 20 letters and the 20 "▁letter" pieces: one token per letter
-    seqtool("train-tokenizer", "train.src", "train.tgt", "--model-prefix", "spm", "--vocab-size", "45", cwd=tmp_path)
-    seqtool("binarize", "--src", "src", "--tgt", "tgt", "--train", "train", "--valid", "valid", "--test", "test",
-            "--tokenizer", "spm.model", "--out", "bin", "--workers", "2", cwd=tmp_path)
-    seqtool("train", "bin", "--save-dir", "run", "--arch", "tiny", "--pre-norm", "--dropout", "0", "--label-smoothing", "0", "--lr", "2e-3",
-            "--warmup", "100", "--max-tokens", "3000", "--max-updates", "1000", "--threads", "2", cwd=tmp_path)
+def test_cli_chain_learns_to_reverse(reverse_run):
+    tmp_path, texts = reverse_run.directory, reverse_run.texts
     for name in ("last.pt", "best.pt", "config.json", "metrics.jsonl"):
         assert (tmp_path / "run" / name).exists()
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,267 @@
+"""Attention weights and alignments: the real weights of the model, masked where they must be,
+alignments that find the mirrored positions of a learnt reversal, pictures with a panel per head."""
+
+import io
+import sys
+
+import pytest
+import torch
+
+from seqtool.attention import align_hypotheses, force_decode, format_alignment, hard_alignment
+from seqtool.config import ConfigError, DecodeConfig
+from seqtool.model import MultiHeadAttention
+from seqtool.search import Hypothesis
+from seqtool.translate import Translator, format_translation
+
+from conftest import seqtool
+
+
+def _batch():
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 40, (2, 7), generator=g)
+    src[0, 6] = 3  # EOS
+    src[1, 4] = 3
+    src[1, 5:] = 0  # row 1: 2 padding positions
+    tgt_in = torch.randint(4, 40, (2, 6), generator=g)
+    tgt_in[:, 0] = 2  # BOS
+    return src, tgt_in
+
+
+def _record_attention_internals(model):
+    """Hooks that keep, per attention module, its projected values and the concatenated heads
+    that enter W^O (the attention output before the final projection)."""
+    seen, hooks = {}, []
+    for name, module in model.named_modules():
+        if isinstance(module, MultiHeadAttention):
+            proj = module.kv_proj if module.cross else module.qkv_proj
+
+            def keep_v(mod, args, out, name=name, module=module):
+                v = out.chunk(2 if module.cross else 3, dim=-1)[-1]  # (B, Tk, D)
+                seen.setdefault(name, {})["v"] = module._heads(v)  # (B, H, Tk, K)
+
+            def keep_heads(mod, args, out, name=name):
+                seen.setdefault(name, {})["heads"] = args[0]  # (B, T, D)
+
+            hooks += [proj.register_forward_hook(keep_v), module.out_proj.register_forward_hook(keep_heads)]
+    return seen, hooks
+
+
+def test_weights_times_values_reproduce_the_fused_attention_of_every_layer(tiny_model):
+    src, tgt_in = _batch()
+    with torch.no_grad():
+        weights = force_decode(tiny_model, src, tgt_in)
+        seen, hooks = _record_attention_internals(tiny_model)
+        memory, pad = tiny_model.encode(src)  # the fused path translation uses (no need_weights)
+        tiny_model.decode_features(tgt_in, memory, pad)
+    for h in hooks:
+        h.remove()
+    named = {f"encoder.{i}.self_attn": w for i, w in enumerate(weights.encoder)}
+    named |= {f"decoder.{i}.self_attn": w for i, w in enumerate(weights.decoder)}
+    named |= {f"decoder.{i}.cross_attn": w for i, w in enumerate(weights.cross)}
+    assert set(named) == set(seen) and len(named) == 6
+    for name, w in named.items():
+        B, H, T, _ = w.shape
+        by_hand = (w @ seen[name]["v"]).transpose(1, 2).reshape(B, T, -1)  # (B, T, D)
+        torch.testing.assert_close(by_hand, seen[name]["heads"], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_masked_positions_get_exactly_zero(tiny_model):
+    src, tgt_in = _batch()
+    weights = force_decode(tiny_model, src, tgt_in)
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
+    for w in weights.encoder + weights.cross:
+        assert torch.all(w[1, :, :, 5:] == 0)  # source padding of row 1
+        assert torch.all(w[0] > 0)  # nothing else is masked
+    for w in weights.decoder:
+        assert torch.all(w[..., future] == 0) and torch.all(w[..., ~future] > 0)
+    for w in weights.encoder + weights.decoder + weights.cross:
+        torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
+
+
+def test_hard_alignment_averages_heads_and_never_aligns_eos():
+    cross = torch.zeros(2, 3, 4)  # (H, T, S): 2 target tokens + EOS, 3 source tokens + EOS
+    cross[0, 0] = torch.tensor([0.6, 0.0, 0.0, 0.4])
+    cross[1, 0] = torch.tensor([0.0, 0.5, 0.0, 0.5])  # head 1 alone would say source 1; the mean says 0
+    cross[:, 1] = torch.tensor([0.1, 0.0, 0.3, 0.6])  # EOS has the most: the best real token is 2
+    cross[:, 2] = torch.tensor([0.0, 1.0, 0.0, 0.0])  # the target EOS row is not aligned
+    assert hard_alignment(cross, src_len=3, tgt_len=2) == [(0, 0), (2, 1)]
+    assert format_alignment([(0, 0), (2, 1)]) == "0-0 2-1"
+    assert hard_alignment(cross, 3, 0) == []
+
+
+def test_alignments_of_a_batch_are_those_of_each_sentence_alone(tiny_model):
+    src, _ = _batch()
+    hyps = [[Hypothesis([5, 6, 7, 8], -1.0), Hypothesis([9], -2.0)], [Hypothesis([10, 11], -1.0)]]
+    together = align_hypotheses(tiny_model, src, hyps)
+    alone = [align_hypotheses(tiny_model, src[b : b + 1, : 7 if b == 0 else 5], [hyps[b]]) for b in range(2)]
+    assert together == [alone[0][0], alone[1][0]]
+    assert [len(a) for a in together[0]] == [4, 1] and len(together[1][0]) == 2
+    assert all(0 <= i < 4 for i, _ in together[1][0])  # row 1 has 4 real source tokens
+    with pytest.raises(ConfigError, match="--alignment-layer 3: the model has layers 1 to 2"):
+        align_hypotheses(tiny_model, src, hyps, layer=3)
+
+
+def _need_weights_calls(monkeypatch):
+    calls = []
+    forward = MultiHeadAttention.forward
+
+    def spy(self, *args, need_weights=False, **kwargs):
+        calls.append(need_weights)
+        return forward(self, *args, need_weights=need_weights, **kwargs)
+
+    monkeypatch.setattr(MultiHeadAttention, "forward", spy)
+    return calls
+
+
+def test_print_alignment_fields_and_no_cost_when_not_asked(tiny_checkpoint, monkeypatch):
+    calls = _need_weights_calls(monkeypatch)
+    plain = Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=6, device="cpu"))
+    plain.translate(["a b c", "d"])
+    assert calls and not any(calls)  # search never asks for weights
+    config = DecodeConfig(beam=2, nbest=2, max_len_b=6, device="cpu", print_alignment=True)
+    t = Translator.load(tiny_checkpoint, config)
+    calls.clear()
+    results = t.translate_chunk(0, ["a b c", "", "d"])
+    assert any(calls)
+    lines = "".join(format_translation(r, config) for r in results).splitlines()
+    fields = [line.split("\t") for line in lines]
+    assert [f[0] for f in fields] == ["0", "0", "1", "1", "2", "2"] and all(len(f) == 4 for f in fields)
+    assert fields[2][2:] == ["", ""]  # the empty line
+    for r in results:
+        for hyp, pairs in zip(r.hypotheses, r.alignments or []):
+            src_len = len(t.tokenizer.encode(r.source))
+            assert [j for _, j in pairs] == list(range(len(hyp.tokens)))  # one source token per target token
+            assert all(0 <= i < src_len for i, _ in pairs)
+
+
+@pytest.mark.slow
+def test_alignment_of_a_learnt_reversal_finds_the_mirrored_positions(reverse_run):
+    """A model trained to reverse sequences writes target token j from source token n-1-j; the
+    alignment from the last decoder layer's attention (the documented default) must say so."""
+    src, _ = reverse_run.texts["test"]
+    src = src[:100]
+    out = seqtool("translate", "-c", "run/best.pt", "--beam", "5", "--print-alignment", "--threads", "2",
+                  cwd=reverse_run.directory, stdin="\n".join(src) + "\n")
+    rows = [line.split("\t") for line in out.stdout.splitlines()]
+    assert len(rows) == len(src) and all(len(r) == 4 for r in rows)
+    mirrored = total = 0
+    for source, (index, _, _, alignment) in zip(src, rows):
+        n = len(source.split())  # one token per letter (see the fixture's vocabulary)
+        pairs = [tuple(map(int, p.split("-"))) for p in alignment.split()]
+        total += len(pairs)
+        mirrored += sum(i == n - 1 - j for i, j in pairs)
+    assert total >= 0.9 * sum(len(s.split()) for s in src)
+    assert mirrored / total >= 0.8, f"only {mirrored / total:.1%} of target tokens aligned to the mirrored source token"
+
+
+# ---- pictures ------------------------------------------------------------------------------
+
+
+def _heatmap_panels(fig):
+    return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+
+
+def test_png_has_one_panel_per_head_of_each_attention(tiny_checkpoint, tmp_path):
+    from matplotlib.image import imread
+
+    from seqtool.plot import show_attention
+
+    out = tmp_path / "attn.png"
+    att, fig = show_attention(tiny_checkpoint, "a b c d", DecodeConfig(beam=2, max_len_b=5, device="cpu"), output=out)
+    assert imread(out).ndim == 3
+    panels = _heatmap_panels(fig)
+    assert len(panels) == 3 * 4  # encoder self, decoder self, encoder-decoder x 4 heads, last layer
+    titles = [ax.get_title() for ax in panels]
+    assert titles[0] == "encoder self-attention\nlayer 2, head 1" and titles[-1] == "encoder-decoder attention\nlayer 2, head 4"
+    cross = panels[-1]
+    assert [t.get_text() for t in cross.get_xticklabels()] == att.source == ["▁a", "▁b", "▁c", "▁d", "</s>"]
+    assert [t.get_text() for t in cross.get_yticklabels()] == att.target_out and att.target_out[-1] == "</s>"
+    assert len(fig.axes) - len(panels) == 3  # a colour bar per row
+
+
+def test_given_target_all_layers_and_other_formats(tiny_checkpoint, tmp_path):
+    from seqtool.plot import show_attention
+
+    config = DecodeConfig(device="cpu")
+    att, fig = show_attention(tiny_checkpoint, "a b", config, target="b a", output=tmp_path / "a.svg", all_layers=True)
+    assert att.target_in == ["<s>", "▁b", "▁a"] and att.translation == "b a"
+    assert len(_heatmap_panels(fig)) == 3 * 2 * 4  # 3 attentions x 2 layers x 4 heads
+    assert b"<svg" in (tmp_path / "a.svg").read_bytes()[:500]
+    _, fig = show_attention(tiny_checkpoint, "a b", config, target="b a", output=tmp_path / "a.pdf", layer=1)
+    assert (tmp_path / "a.pdf").read_bytes().startswith(b"%PDF")
+    assert all("layer 1," in ax.get_title() for ax in _heatmap_panels(fig))
+    with pytest.raises(ConfigError, match=r"--layer \(encoder\) 3: the model has layers 1 to 2"):
+        show_attention(tiny_checkpoint, "a b", config, output=tmp_path / "b.png", layer=3)
+    with pytest.raises(ConfigError, match="must end in .png, .svg, .pdf"):
+        show_attention(tiny_checkpoint, "a b", config, output=tmp_path / "b.gif")
+    assert not (tmp_path / "b.png").exists()
+
+
+def test_terminal_heatmap_shades_follow_the_weights(tiny_checkpoint):
+    from rich.console import Console
+
+    from seqtool.plot import SHADES, heatmap_text, show_attention
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=400, color_system=None)
+    att, fig = show_attention(tiny_checkpoint, "a b c", DecodeConfig(device="cpu"), target="c b a", terminal=True, console=console)
+    assert fig is None
+    text = buffer.getvalue()
+    assert "layer 2, mean of 4 heads" in text and "layer 2, head 4" in text
+    w = torch.tensor([[0.05, 0.95], [0.5, 0.5]])
+    lines = heatmap_text(w, ["x", "</s>"], ["▁a", "b"], "t").plain.splitlines()
+    assert lines == ["t", "     ▁ b ", "     a   ", "   x " + SHADES[0] * 2 + SHADES[4] * 2, "</s> " + SHADES[2] * 4]
+
+
+# ---- command line --------------------------------------------------------------------------
+
+
+def test_without_matplotlib_the_command_says_how_to_install_it(tiny_checkpoint, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from seqtool.cli import app
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    result = CliRunner().invoke(app, ["attention", "a b", "-c", str(tiny_checkpoint), "-o", str(tmp_path / "x.png"), "--device", "cpu"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: drawing attention needs matplotlib: pip install 'seqtool[plot]' (or use --terminal)"
+    assert not (tmp_path / "x.png").exists()
+    result = CliRunner().invoke(app, ["attention", "a b", "-c", str(tiny_checkpoint), "--terminal", "--device", "cpu"])
+    assert result.exit_code == 0 and "mean of 4 heads" in result.stdout
+
+
+def test_attention_options_reach_the_library_call(monkeypatch):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    import seqtool.plot
+    from seqtool.cli import app
+
+    seen = {}
+
+    def fake(checkpoint, source, config, **options):
+        seen.update(checkpoint=checkpoint, source=source, config=config, **options)
+        return None, None
+
+    monkeypatch.setattr(seqtool.plot, "show_attention", fake)
+    result = CliRunner().invoke(app, ["attention", "hola mundo", "-c", "m.pt", "--target", "hello world", "--layer", "2",
+                                      "--all-layers", "--terminal", "--beam", "3", "--lenpen", "0.5", "--device", "cpu",
+                                      "--precision", "bf16", "--threads", "1"])
+    assert result.exit_code == 0, result.output
+    assert seen["checkpoint"] == Path("m.pt") and seen["source"] == "hola mundo" and seen["target"] == "hello world"
+    assert (seen["layer"], seen["all_layers"], seen["terminal"], seen["output"]) == (2, True, True, None)
+    c = seen["config"]
+    assert (c.beam, c.lenpen, c.device, c.precision, c.threads) == (3, 0.5, "cpu", "bf16", 1)
+
+
+def test_attention_without_output_or_terminal_and_a_missing_layer_are_refused(tiny_checkpoint):
+    from typer.testing import CliRunner
+
+    from seqtool.cli import app
+
+    result = CliRunner().invoke(app, ["attention", "a b", "-c", str(tiny_checkpoint)])
+    assert result.exit_code == 1 and "give --output FILE (.png, .svg or .pdf), --terminal, or both" in result.output
+    result = CliRunner().invoke(app, ["translate", "-c", str(tiny_checkpoint), "--print-alignment", "--alignment-layer", "3",
+                                      "--device", "cpu"], input="a b\n")
+    assert result.exit_code == 1 and result.output.strip() == "error: --alignment-layer 3: the model has layers 1 to 2"
