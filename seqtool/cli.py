@@ -225,6 +225,7 @@ def translate(
     print_scores: Annotated[bool, typer.Option("--print-scores", help="index<TAB>score<TAB>translation.")] = False,
     device: Device = "auto",
     precision: Precision = "fp32",
+    quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
     threads: Threads = 0,
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
@@ -233,7 +234,7 @@ def translate(
 
     config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
                           max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores, device=device,
-                          precision=precision, threads=threads)
+                          precision=precision, quantize=quantize, threads=threads)
     if output is not None:
         from .textio import InputError
 
@@ -249,6 +250,23 @@ def translate(
     else:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
         translate_file(checkpoint, config, input)
+
+
+@app.command()
+@handles_user_errors
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="best.pt or last.pt from seqtool train.")],
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write (model files plus sentencepiece.model).")],
+    *,
+    format: Annotated[str, typer.Option("--format", help="Target toolkit: ctranslate2.")] = "ctranslate2",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", help="Stored weight type for CTranslate2 (int8, float16, ...; default float32).")] = None,
+    force: Force = False,
+):
+    """Export a checkpoint for another toolkit (CTranslate2) to deploy it."""
+    from .export import export as run
+
+    path = run(checkpoint, out_dir, format, force=force, quantization=quantization)
+    typer.echo(f"wrote {path}", err=True)
 
 
 @app.command()
