@@ -38,7 +38,8 @@ def test_int8_quantizes_every_linear_and_keeps_the_tied_embedding(tiny_checkpoin
     assert "DynamicQuantizedLinear" in repr(q.output) and "DynamicQuantizedLinear" in repr(q.decoder[0].ffn.fc1)
     assert q.embed.weight.dtype == torch.float32 and torch.equal(q.embed.weight, fp32.embed.weight)
     ref, got = _lprobs(fp32, *batch), _lprobs(q, *batch)
-    assert (got - ref).abs().max() < 0.1  # int8 weights and activations: close, not equal
+    err = (got - ref).abs()
+    assert err.mean() < 0.05 and err.max() < 0.3  # int8 weights and activations: close, not equal
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
