@@ -258,14 +258,14 @@ def export(
     checkpoint: Annotated[Path, typer.Argument(help="best.pt or last.pt from seqtool train.")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write (model files plus sentencepiece.model).")],
     *,
-    format: Annotated[str, typer.Option("--format", help="Target toolkit: ctranslate2.")] = "ctranslate2",
+    fmt: Annotated[str, typer.Option("--format", help="Target toolkit: ctranslate2.")] = "ctranslate2",
     quantization: Annotated[Optional[str], typer.Option("--quantization", help="Stored weight type for CTranslate2 (int8, float16, ...; default float32).")] = None,
     force: Force = False,
 ):
     """Export a checkpoint for another toolkit (CTranslate2) to deploy it."""
     from .export import export as run
 
-    path = run(checkpoint, out_dir, format, force=force, quantization=quantization)
+    path = run(checkpoint, out_dir, fmt, force=force, quantization=quantization)
     typer.echo(f"wrote {path}", err=True)
 
 

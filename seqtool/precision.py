@@ -54,8 +54,9 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     if not any(e in engines for e in ("x86", "fbgemm", "onednn")):
         raise ConfigError(f"--quantize int8: no x86 int8 kernels in this torch build (engines: {', '.join(engines)})")
     with warnings.catch_warnings():
-        # torch marks torch.ao.quantization as deprecated in favour of the separate torchao package;
-        # the kernels are still the fastest int8 path torch itself has on x86 (see bench/README.md).
+        # torch marks torch.ao.quantization deprecated in favour of the separate torchao package
+        # (not a seqtool dependency); its fbgemm/oneDNN kernels are torch's own int8 path on x86,
+        # and users should not see a warning about our choice on every run.
         warnings.simplefilter("ignore")
         # Tied weights: quantize_dynamic packs a copy of output.weight; the embedding is untouched.
         return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
