@@ -242,6 +242,7 @@ def translate(
     alignment_layer: Annotated[int, typer.Option("--alignment-layer", help="Decoder layer (1-based) whose attention, averaged over heads, gives --print-alignment; 0 = the last.")] = 0,
     device: Device = "auto",
     precision: Precision = "fp32",
+    quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
     threads: Threads = 0,
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
@@ -251,7 +252,7 @@ def translate(
     config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
                           max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores,
                           print_alignment=print_alignment, alignment_layer=alignment_layer, device=device,
-                          precision=precision, threads=threads, errors=errors)
+                          precision=precision, quantize=quantize, threads=threads, errors=errors)
     if output is not None:
         from .textio import InputError, check_output_file
 
@@ -299,6 +300,23 @@ def attention(
                    terminal=terminal)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
+
+
+@app.command()
+@handles_user_errors
+def export(
+    checkpoint: Annotated[Path, typer.Argument(help="best.pt or last.pt from seqtool train.")],
+    out_dir: Annotated[Path, typer.Argument(help="Directory to write (model files plus sentencepiece.model).")],
+    *,
+    fmt: Annotated[str, typer.Option("--format", help="Target toolkit: ctranslate2.")] = "ctranslate2",
+    quantization: Annotated[Optional[str], typer.Option("--quantization", help="Stored weight type for CTranslate2 (int8, float16, ...; default float32).")] = None,
+    force: Force = False,
+):
+    """Export a checkpoint for another toolkit (CTranslate2) to deploy it."""
+    from .export import export as run
+
+    path = run(checkpoint, out_dir, fmt, force=force, quantization=quantization)
+    typer.echo(f"wrote {path}", err=True)
 
 
 @app.command()

@@ -148,7 +148,8 @@ class DecodeConfig(_Config):
     print_alignment: bool = False  # hard alignment from encoder-decoder attention (attention.py)
     alignment_layer: int = 0  # 1-based decoder layer for --print-alignment; 0 = the last
     device: str = "auto"
-    precision: str = "fp32"
+    precision: str = "fp32"  # bf16 (CPU, CUDA) / fp16 (CUDA): weights cast once, see precision.py
+    quantize: str = "none"  # int8: dynamic quantization of the linear layers (CPU)
     threads: int = 0
     chunk_lines: int = 2048  # lines read, sorted and batched together
     errors: str = "replace"  # invalid UTF-8 in the input: replace (with a warning) or strict (stop)
@@ -162,6 +163,9 @@ class DecodeConfig(_Config):
         _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
         _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
         _check(self.errors in ("strict", "replace"), f"--errors must be strict or replace, got {self.errors!r}")
+        _check(self.quantize in ("none", "int8"), f"--quantize must be none or int8, got {self.quantize!r}")
+        _check(self.quantize == "none" or self.precision == "fp32",
+               f"--quantize {self.quantize} computes in int8/float32; drop --precision {self.precision}")
 
 
 def model_config_for(arch: str, **overrides: Any) -> ModelConfig:

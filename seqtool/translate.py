@@ -18,13 +18,13 @@ from typing import BinaryIO, Iterable, Iterator, Optional, TextIO
 
 import torch
 
-from . import checkpoint, log
+from . import checkpoint, log, precision
 from .attention import align_hypotheses, format_alignment, resolve_layer
 from .config import DecodeConfig
 from .search import Hypothesis, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
-from .train import autocast_for, pick_device
+from .train import pick_device
 
 IDLE_FLUSH_SECONDS = 0.05
 _NEXT = object()  # no pending end or error: read on
@@ -42,7 +42,7 @@ class Translation:
 class Translator:
     """Load a checkpoint once, translate many lines.
 
-    >>> t = Translator.load("run/best.pt", DecodeConfig(beam=5))
+    >>> t = Translator.load("run/best.pt", DecodeConfig(beam=5))   # or DecodeConfig(quantize="int8")
     >>> t.translate(["Hola mundo."])
     """
 
@@ -58,8 +58,9 @@ class Translator:
         if config.threads:
             torch.set_num_threads(config.threads)
         device = pick_device(config.device)
+        precision.check(device, config.precision, config.quantize)
         ckpt = checkpoint.load(Path(path))
-        model = checkpoint.load_model(ckpt, device)
+        model = precision.prepare(checkpoint.load_model(ckpt, device), device, config.precision, config.quantize)
         tokenizer = Tokenizer(checkpoint.tokenizer_bytes(ckpt), f"{path} (tokenizer)")
         return cls(model, tokenizer, config, device)
 
@@ -102,7 +103,7 @@ class Translator:
                 src[row, : lengths[k]] = torch.tensor(ids[k])
                 src[row, lengths[k]] = eos
             src = src.to(self.device)
-            with torch.inference_mode(), autocast_for(self.device, c.precision):
+            with torch.inference_mode():  # the model is already in its decoding precision (precision.py)
                 hyps = search(self.model, src, c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest)
                 if c.print_alignment:  # one forced pass over the final hypotheses; search is untouched
                     for k, a in zip(batch, align_hypotheses(self.model, src, hyps, c.alignment_layer)):

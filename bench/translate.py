@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""Decoding speed, memory and quality of one checkpoint: seqtool fp32 / int8 / bf16 and
+CTranslate2 fp32 / int8 on the same model (exported with `seqtool export`), beam 5 and beam 1,
+in one run on the same threads; prints one markdown table and appends it to bench/results.md.
+
+Each decode is a subprocess of this script under `/usr/bin/time -v` (peak RSS of the whole
+process); the figure timed is the translation call alone (model loading and tokenizer set-up
+excluded, as fairseq and the peers' CTranslate2 script report it). See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from cpu_small import FAILURES, REPO, log, read_json, run, split_file
+
+SEQTOOL = {"seqtool fp32": ("fp32", "none"), "seqtool int8": ("fp32", "int8"), "seqtool bf16": ("bf16", "none")}
+CT2 = {"ct2 fp32": "float32", "ct2 int8": "int8"}
+VARIANTS = list(SEQTOOL) + list(CT2)
+
+
+def _read(path: str) -> list[str]:
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def _write(path: str, hyps: list[str]) -> None:
+    Path(path).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+
+
+def decode_seqtool(ckpt, src, beam, threads, prec, quantize, batch, hyp_out, json_out) -> None:
+    """Helper process: Translator.translate_chunk over all lines, timed alone."""
+    from seqtool.config import DecodeConfig
+    from seqtool.translate import Translator
+
+    lines = _read(src)
+    cfg = DecodeConfig(beam=int(beam), lenpen=1.0, batch_size=int(batch), max_len_a=0.0, max_len_b=200, device="cpu",
+                       precision=prec, quantize=quantize, threads=int(threads), chunk_lines=max(1, len(lines)))
+    translator = Translator.load(Path(ckpt), cfg)
+    t0 = time.perf_counter()
+    out = translator.translate_chunk(0, lines)
+    sec = time.perf_counter() - t0
+    ntok = sum(len(t.hypotheses[0].tokens) + 1 if t.hypotheses else 1 for t in out)  # pieces + EOS
+    _write(hyp_out, [t.texts[0] if t.texts else "" for t in out])
+    Path(json_out).write_text(json.dumps({"sentences": len(out), "target_tokens_incl_eos": ntok, "decode_seconds": round(sec, 3)}))
+
+
+def decode_ct2(model_dir, src, beam, threads, compute_type, batch, hyp_out, json_out) -> None:
+    """Helper process: ctranslate2.Translator.translate_batch over all lines, timed alone."""
+    import ctranslate2
+    import sentencepiece
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(Path(model_dir) / "sentencepiece.model"))
+    pieces = [sp.encode(x, out_type=str) for x in _read(src)]
+    tr = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type, inter_threads=1, intra_threads=int(threads))
+    t0 = time.perf_counter()
+    res = tr.translate_batch(pieces, beam_size=int(beam), length_penalty=1.0, max_batch_size=int(batch), batch_type="examples",
+                             max_decoding_length=200)
+    sec = time.perf_counter() - t0
+    hyps = [r.hypotheses[0] for r in res]
+    _write(hyp_out, [sp.decode(h) for h in hyps])
+    Path(json_out).write_text(json.dumps({"sentences": len(hyps), "target_tokens_incl_eos": sum(len(h) + 1 for h in hyps),
+                                          "decode_seconds": round(sec, 3)}))
+
+
+def score(hyp: Path, ref: Path) -> dict:
+    import sacrebleu
+
+    h, r = _read(str(hyp)), _read(str(ref))
+    if len(h) != len(r):
+        return {"lines_mismatch": f"{len(h)} hypotheses for {len(r)} references"}
+    return {"bleu": sacrebleu.corpus_bleu(h, [r]).score, "chrf": sacrebleu.corpus_chrf(h, [r]).score}
+
+
+def f(x, nd=0) -> str:
+    return "—" if x is None else f"{x:,.{nd}f}"
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| system | beam | sentences/s | target tokens/s | x seqtool fp32 | x ct2 fp32 | peak RSS (MiB) | BLEU | chrF | ΔBLEU vs seqtool fp32 | lines ≠ seqtool fp32 |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        base = next((x for x in rows if x["beam"] == r["beam"] and x["system"] == "seqtool fp32"))
+        ct2 = next((x for x in rows if x["beam"] == r["beam"] and x["system"] == "ct2 fp32"))
+        rel = lambda other: f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x" if r.get("tokens_per_s") and other.get("tokens_per_s") else "—"
+        d = r["bleu"] - base["bleu"] if r.get("bleu") is not None and base.get("bleu") is not None else None
+        out.append(f"| {r['system']} | {r['beam']} | {f(r.get('sentences_per_s'), 1)} | {f(r.get('tokens_per_s'))} | {rel(base)} | {rel(ct2)} | "
+                   f"{f(r.get('peak_rss_mib'))} | {f(r.get('bleu'), 2)} | {f(r.get('chrf'), 2)} | {'—' if d is None else f'{d:+.2f}'} | "
+                   f"{f(r.get('lines_differing_from_fp32'))} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] in ("--_seqtool", "--_ct2"):
+        (decode_seqtool if sys.argv[1] == "--_seqtool" else decode_ct2)(*sys.argv[2:])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", type=Path, required=True, help="a cpu-small best.pt (e.g. WORK/ckpt-fp32/best.pt of cpu_small.py)")
+    p.add_argument("--data", type=Path, default=REPO / "data" / "bible-es-en", help="dir with test.{SRC,TGT}[.gz] (default: data/bible-es-en)")
+    p.add_argument("--src", default="es")
+    p.add_argument("--tgt", default="en")
+    p.add_argument("--limit", type=int, default=0, help="decode only the first N test lines (0 = all 2,251); for smoke tests")
+    p.add_argument("--threads", type=int, default=2, help="threads for every system, and OMP/MKL_NUM_THREADS (default 2)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch, every system (default 64)")
+    p.add_argument("--beams", default="5,1", help="comma list (default 5,1)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list of: {', '.join(VARIANTS)} (default all)")
+    p.add_argument("--ct2-isa", default="AVX512", help="CT2_FORCE_CPU_ISA for CTranslate2 ('' = its own choice; default AVX512, its best here)")
+    p.add_argument("--work", type=Path, help="scratch dir (default bench/out/translate-<timestamp>)")
+    a = p.parse_args()
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    if bad := [v for v in variants if v not in VARIANTS]:
+        p.error(f"--variants: unknown {bad}; choose from {VARIANTS}")
+    beams = [int(b) for b in a.beams.split(",")]
+    W = (a.work or REPO / "bench" / "out" / f"translate-{datetime.datetime.now():%Y%m%d-%H%M%S}").resolve()
+    W.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), MKL_NUM_THREADS=str(a.threads), PYTHONPATH=str(REPO))
+    ckpt = a.checkpoint.resolve()
+
+    from seqtool.textio import read_lines
+
+    src_lines = list(read_lines(split_file(a.data.resolve(), "test", a.src)))
+    ref_lines = list(read_lines(split_file(a.data.resolve(), "test", a.tgt)))
+    if a.limit:
+        src_lines, ref_lines = src_lines[: a.limit], ref_lines[: a.limit]
+    src, ref = W / "test.src", W / "test.ref"
+    src.write_text("".join(x + "\n" for x in src_lines), encoding="utf-8")
+    ref.write_text("".join(x + "\n" for x in ref_lines), encoding="utf-8")
+    log(f"work dir {W}: {len(src_lines)} test lines, variants {variants}, beams {beams}, {a.threads} threads")
+
+    ct2_dir = W / "ct2"
+    if any(v in CT2 for v in variants):
+        try:
+            import ctranslate2  # noqa: F401
+        except ImportError:
+            log("ctranslate2 is not installed: CTranslate2 columns skipped (pip install 'seqtool[ctranslate2]')")
+            variants = [v for v in variants if v not in CT2]
+        else:
+            r = run("export", [sys.executable, "-m", "seqtool", "export", ckpt, ct2_dir, "--format", "ctranslate2", "--force"], W / "logs", env)
+            if not r["ok"]:
+                variants = [v for v in variants if v not in CT2]
+
+    rows = []
+    for beam in beams:
+        for v in variants:
+            name = f"{v.replace(' ', '-')}-b{beam}"
+            hyp, js = W / f"hyp-{name}", W / f"{name}.json"
+            if v in SEQTOOL:
+                cmd = [sys.executable, Path(__file__).resolve(), "--_seqtool", ckpt, src, beam, a.threads, *SEQTOOL[v], a.batch_size, hyp, js]
+                venv = env
+            else:
+                cmd = [sys.executable, Path(__file__).resolve(), "--_ct2", ct2_dir, src, beam, a.threads, CT2[v], a.batch_size, hyp, js]
+                venv = dict(env, CT2_FORCE_CPU_ISA=a.ct2_isa) if a.ct2_isa else env
+            r = run(name, cmd, W / "logs", venv)
+            row = {"system": v, "beam": beam, "peak_rss_mib": r.get("peak_rss_mib"), "process_wall_s": r["wall_s"]}
+            figures = read_json(js) if r["ok"] else None
+            if figures:
+                row.update(figures, sentences_per_s=figures["sentences"] / figures["decode_seconds"],
+                           tokens_per_s=figures["target_tokens_incl_eos"] / figures["decode_seconds"], **score(hyp, ref))
+            rows.append(row)
+        base = W / f"hyp-seqtool-fp32-b{beam}"
+        if base.exists():
+            for row in rows:
+                h = W / f"hyp-{row['system'].replace(' ', '-')}-b{beam}"
+                if row["beam"] == beam and h.exists():
+                    x, y = _read(str(h)), _read(str(base))
+                    row["lines_differing_from_fp32"] = sum(i != j for i, j in zip(x, y)) + abs(len(x) - len(y))
+
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?") if os.path.exists("/proc/cpuinfo") else "?"
+    commit = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
+    text = (f"## translate, {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, {cpu}, {a.threads} threads, "
+            f"{len(src_lines)} test lines{' (--limit)' if a.limit else ''}, batch {a.batch_size}, checkpoint {ckpt}"
+            f"{', CT2_FORCE_CPU_ISA=' + a.ct2_isa if a.ct2_isa else ''}\n\n" + table(rows) + "\n")
+    if FAILURES:
+        text += f"\nFailed steps: {', '.join(FAILURES)} (logs in {W / 'logs'})\n"
+    (W / "summary.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()}, "rows": rows, "failures": FAILURES}, indent=1))
+    with open(REPO / "bench" / "results.md", "a") as out:
+        out.write("\n" + text)
+    print(text)
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
