@@ -24,7 +24,6 @@ from .attention import AttentionWeights, force_decode, resolve_layer
 from .config import ConfigError, DecodeConfig, ModelConfig
 from .search import search
 from .textio import InputError, atomic_write
-from .train import autocast_for
 from .translate import Translator
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -69,7 +68,7 @@ def sentence_attention(translator, source: str, target: Optional[str] = None) ->
         if len(tgt_ids) + 1 > c.max_positions:
             raise InputError(f"--target has {len(tgt_ids)} tokens; this model takes at most {c.max_positions - 1}")
     src = torch.tensor([src_ids + [c.eos_id]], device=translator.device)  # (1, S)
-    with torch.inference_mode(), autocast_for(translator.device, d.precision):
+    with torch.inference_mode():  # Translator.load already put the model in its decoding precision
         if target is None:
             tgt_ids = search(model, src, d.beam, d.max_len_a, d.max_len_b, d.lenpen)[0][0].tokens  # the best
         tgt_in = torch.tensor([[c.bos_id] + tgt_ids], device=translator.device)  # (1, T)
