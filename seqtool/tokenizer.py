@@ -74,41 +74,97 @@ def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerC
     prefix = Path(model_prefix)
     if prefix.parent and not prefix.parent.exists():
         prefix.parent.mkdir(parents=True, exist_ok=True)
-    # sentencepiece reads plain files only, and splits on its own idea of lines: feed it the lines
-    # we read (\n only, \r stripped, .gz opened) through an iterator, sampled when asked.
     lines = _sample_lines(files, config.input_sentence_size, config.seed)
-    try:
-        with tempfile.TemporaryDirectory(prefix="seqtool-spm-") as tmp:
-            tmp_prefix = os.path.join(tmp, "spm")
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(lines),
-                model_prefix=tmp_prefix,
-                vocab_size=config.vocab_size,
-                model_type=config.model_type,
-                character_coverage=config.character_coverage,
-                byte_fallback=config.byte_fallback,
-                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-                num_threads=config.threads,
-                max_sentence_length=1 << 16,
-                minloglevel=2,
-                hard_vocab_limit=True,
-            )
-            model = Path(tmp_prefix + ".model").read_bytes()
-            vocab = Path(tmp_prefix + ".vocab").read_bytes()
-    except RuntimeError as error:
-        message = str(error)
-        if "Vocabulary size" in message or "vocab_size" in message:
-            limit = re.search(r"<= *(\d+)", message)
-            most = f"at most {limit.group(1)} pieces fit it" if limit else "it has too few distinct pieces"
-            raise InputError(
-                f"--vocab-size {config.vocab_size} is too large for this data ({most}); lower --vocab-size or add text"
-            ) from None
-        raise InputError(f"sentencepiece failed: {message.strip().splitlines()[-1]}") from None
+    with tempfile.TemporaryDirectory(prefix="seqtool-spm-") as tmp:
+        tmp_prefix = os.path.join(tmp, "spm")
+        _train_in_child(lines, tmp_prefix, config)
+        model = Path(tmp_prefix + ".model").read_bytes()
+        vocab = Path(tmp_prefix + ".vocab").read_bytes()
     from .textio import atomic_write_bytes
 
-    atomic_write_bytes(Path(f"{prefix}.model"), model)
+    # the .model last: it is what every other step looks for, so it appears only beside its .vocab
     atomic_write_bytes(Path(f"{prefix}.vocab"), vocab)
+    atomic_write_bytes(Path(f"{prefix}.model"), model)
     return Path(f"{prefix}.model")
+
+
+def _train_in_child(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:
+    """Run sentencepiece's trainer in a forked child process.
+
+    Its C++ training loop does not return to Python for minutes on a large corpus, so a Ctrl-C
+    would wait for it; in a child, the parent stays responsive: on KeyboardInterrupt it kills the
+    child and the temporary directory goes away with everything the child wrote. The child
+    inherits `lines` through fork (nothing is pickled). Where fork is not available, train inline.
+    """
+    import multiprocessing
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        try:
+            _train_spm(lines, tmp_prefix, config)
+        except RuntimeError as error:
+            _raise_for_sentencepiece(str(error), config)
+        return
+    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(lines, tmp_prefix, config), daemon=True)
+    child.start()
+    try:
+        child.join()
+    except BaseException:  # Ctrl-C, SIGTERM: the child's work is thrown away with the temp dir
+        child.kill()
+        child.join()
+        raise
+    error_file = Path(tmp_prefix + ".error")
+    if error_file.exists():
+        _raise_for_sentencepiece(error_file.read_text(), config)
+    if child.exitcode != 0:
+        raise InputError(f"sentencepiece training stopped (exit status {child.exitcode}); out of memory? try a smaller --input-sentence-size")
+
+
+def _child_main(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent answers Ctrl-C (and kills us)
+    _die_with_parent()
+    try:
+        _train_spm(lines, tmp_prefix, config)
+    except Exception as error:  # reported by the parent as one line, never a child's traceback
+        Path(tmp_prefix + ".error").write_text(str(error) or type(error).__name__)
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this child when the parent dies (a SIGKILL or SIGTERM of the parent leaves no trainer behind)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
+def _train_spm(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:
+    # sentencepiece reads plain files only, and splits on its own idea of lines: feed it the lines
+    # we read (\n only, \r stripped, .gz opened; sampled when asked) through an iterator.
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_prefix=tmp_prefix,
+        vocab_size=config.vocab_size,
+        model_type=config.model_type,
+        character_coverage=config.character_coverage,
+        byte_fallback=config.byte_fallback,
+        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+        num_threads=config.threads,
+        max_sentence_length=1 << 16,
+        minloglevel=2,
+        hard_vocab_limit=True,
+    )
+
+
+def _raise_for_sentencepiece(message: str, config: TokenizerConfig) -> None:
+    """sentencepiece's errors, turned into advice."""
+    if "Vocabulary size" in message or "vocab_size" in message:
+        limit = re.search(r"<= *(\d+)", message)
+        most = f"at most {limit.group(1)} pieces fit it" if limit else "it has too few distinct pieces"
+        raise InputError(f"--vocab-size {config.vocab_size} is too large for this data ({most}); lower --vocab-size or add text")
+    raise InputError(f"sentencepiece failed: {message.strip().splitlines()[-1] if message.strip() else 'no message'}")
 
 
 def _sample_lines(files: Sequence[Path], limit: int, seed: int) -> list[str]:

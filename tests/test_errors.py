@@ -433,6 +433,38 @@ def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path)
     assert not out_dir.exists()
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def test_ctrl_c_in_train_tokenizer_is_answered_at_once_and_keeps_the_previous_model(tmp_path):
+    # enough distinct words that sentencepiece's C++ loop runs for a while after reading the text
+    words = [f"w{i:05d}x{i % 97}" for i in range(40_000)]
+    text = "\n".join(" ".join(words[(i * 7919 + k * 104729) % len(words)] for k in range(12)) for i in range(60_000)) + "\n"
+    (tmp_path / "big.txt").write_text(text)
+    (tmp_path / "spm.model").write_bytes(b"the previous model")
+    (tmp_path / "spm.vocab").write_bytes(b"the previous vocab")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    proc = subprocess.Popen([*PYTHON, "train-tokenizer", str(tmp_path / "big.txt"), "--model-prefix", str(tmp_path / "spm"),
+                             "--vocab-size", "8000", "--force"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, TMPDIR=str(tmp)), **CTRL_C_ABLE)
+    assert _wait_for(lambda: bool(_children(proc.pid)), timeout=120), proc.stderr.read() if proc.poll() is not None else ""
+    trainers = _children(proc.pid)
+    _, err = _ctrl_c(proc)
+    assert proc.returncode == 130, err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == ["error: interrupted"], err
+    assert "Traceback" not in err, err
+    assert (tmp_path / "spm.model").read_bytes() == b"the previous model"
+    assert (tmp_path / "spm.vocab").read_bytes() == b"the previous vocab"
+    assert list(tmp.iterdir()) == []  # the trainer's scratch directory went with it
+    assert not [pid for pid in trainers if Path(f"/proc/{pid}").exists()]  # no trainer left running
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt", "spm.model", "spm.vocab", "tmp"]
+
+
 def test_ctrl_c_in_translate_output_keeps_the_previous_file(tiny_checkpoint, tmp_path):
     out = tmp_path / "out.txt"
     out.write_text("previous translation\n")
