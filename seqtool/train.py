@@ -310,6 +310,7 @@ class Trainer:
                                      f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
                 if st["updates"] == 0 and st["batch_in_epoch"] == 0 and skipped:
                     log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
+                validated = False  # whether the state as it is now has been validated (and saved)
                 for k in range(st["batch_in_epoch"], len(batches)):
                     batch = collate(self.train_set, batches[k], mc.pad_id, mc.bos_id, mc.eos_id)
                     loss, nll, n = self._step(batch)
@@ -327,7 +328,7 @@ class Trainer:
                         lr = self.optimizer.param_groups[0]["lr"]
                         ppl = math.exp(min(nll_avg, 50))
                         self.metrics.write({"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss_avg,
-                                       "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
+                                           "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
                         window_tokens, window_start, window_loss, window_nll = 0, now, 0.0, 0.0
                         stats = f"epoch {st['epoch']} | update {st['updates']} | loss {loss_avg:.3f} | ppl {ppl:.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
                         done = {"update": st["updates"], "second": st["train_seconds"], "epoch": st["epoch"] - 1 + (k + 1) / len(batches)}[unit]
@@ -345,8 +346,7 @@ class Trainer:
                     st["epoch"] += 1
                     st["batch_in_epoch"] = 0
                     stopped_by = self._limit_reached(epoch_done=True)
-                    validated = False
-                if not validated:
+                if not validated:  # (an interval validation of the epoch's last update counts)
                     stopped_by = self._validate_and_save() or stopped_by
         except KeyboardInterrupt:
             progress.close()
