@@ -49,9 +49,11 @@ class MetricsLog:
             kind, step = record["kind"], int(record["update"])
             for key in SCALARS.get(kind, ()):
                 value = clean.get(key)
+                if key == "best" and record.get("best_metric", "loss") == "loss":
+                    continue  # the same number as best_loss
                 if isinstance(value, (int, float)):
-                    # "best" is the best value of the --best-metric: name the tag after that metric
-                    tag = f"best_{record.get('best_metric', 'metric')}" if key == "best" else key
+                    # "best" is the best value of --best-metric: the tag names that metric
+                    tag = f"best_{record.get('best_metric')}" if key == "best" else key
                     self.writer.add_scalar(f"{kind}/{tag}", value, step)
             if kind == "valid":
                 self.writer.flush()  # validations are rare and worth seeing at once

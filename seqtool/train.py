@@ -259,9 +259,10 @@ class Trainer:
 
     def _save(self, result: Optional[validate.ValidResult] = None, improved: bool = False) -> None:
         """last.pt always (and the update-numbered copy at --save-interval-updates points); best.pt
-        only after a validation that improved --best-metric, or after every validation when there
-        is no validation split. An unvalidated save (interval, Ctrl-C, SIGTERM) never writes best.pt.
-        best.pt is written first: a kill between the two leaves last.pt behind it, never ahead."""
+        after a validation that improved --best-metric, after the first validation of a run (so
+        there is one to translate with), and after every validation when there is no validation
+        split. An unvalidated save (interval, Ctrl-C, SIGTERM) never writes best.pt. best.pt is
+        written first: a kill between the two leaves last.pt behind it, never ahead."""
         st, cfg = self.state, self.train_config
         weights = checkpoint.model_state(self.model)
         train_state = {
@@ -275,7 +276,7 @@ class Trainer:
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
                                 valid_loss=None if result is None else result.loss, updates=st["updates"],
                                 progress=dict(st), valid=valid)
-        if result is not None and (improved or self.valid_set is None):
+        if result is not None and (improved or self.valid_set is None or not self.paths.best.exists()):
             best = {k: v for k, v in ckpt.items() if k != "train_state"}
             checkpoint.save(best, self.paths.best)
         checkpoint.save(ckpt, self.paths.last)
