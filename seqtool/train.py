@@ -311,7 +311,9 @@ class Trainer:
                                      f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
                 if st["updates"] == 0 and st["batch_in_epoch"] == 0 and skipped:
                     log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
-                validated = False  # whether the state as it is now has been validated (and saved)
+                # whether the state as it is now has been validated (and saved); a run resumed at the
+                # end of an epoch was saved by the validation of that epoch's last update
+                validated = 0 < st["batch_in_epoch"] == len(batches)
                 for k in range(st["batch_in_epoch"], len(batches)):
                     batch = collate(self.train_set, batches[k], mc.pad_id, mc.bos_id, mc.eos_id)
                     loss, nll, n = self._step(batch)

@@ -216,3 +216,14 @@ def test_validation_leaves_the_random_state_alone(small_corpus, tmp_path):
     before = torch.get_rng_state()
     trainer.validate()
     assert torch.equal(before, torch.get_rng_state()) and trainer.model.training
+
+
+def test_a_run_resumed_at_an_epoch_end_does_not_validate_that_point_again(small_corpus, tmp_path, monkeypatch):
+    from seqtool.data import ParallelDataset, epoch_batches
+
+    per_epoch = len(epoch_batches(ParallelDataset(small_corpus / "bin", "train"), 600, 1024, 1, 1)[0])
+    calls = _script(monkeypatch, [(3.0 - 0.01 * k, None) for k in range(per_epoch + 5)])
+    train(_job(small_corpus, tmp_path / "run", max_updates=per_epoch, validate_interval_updates=1, patience=2))
+    assert len(calls) == per_epoch  # one per update; the epoch's end is its last update
+    train(_job(small_corpus, tmp_path / "run", max_updates=per_epoch + 1, validate_interval_updates=1, patience=2))
+    assert len(calls) == per_epoch + 1
