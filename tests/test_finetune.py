@@ -66,7 +66,7 @@ def test_raw_files_are_binarized_with_the_checkpoint_tokenizer(small_corpus, par
 
 
 def test_data_binarized_with_another_tokenizer_is_refused(small_corpus, parent, tmp_path):
-    spm = train_tokenizer([small_corpus / "train.src", small_corpus / "train.tgt"], str(tmp_path / "other"), TokenizerConfig(vocab_size=30))
+    spm = train_tokenizer([small_corpus / "train.src", small_corpus / "train.tgt"], str(tmp_path / "other"), TokenizerConfig(vocab_size=24))
     binarize("src", "tgt", [SplitSpec("train", str(small_corpus / "train")), SplitSpec("valid", str(small_corpus / "valid"))], spm, tmp_path / "bin")
     job = _job(small_corpus, tmp_path / "ft", Finetune(parent / "best.pt"), max_updates=1)
     job.data_dir = tmp_path / "bin"
