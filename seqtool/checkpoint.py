@@ -4,13 +4,17 @@ Owns the on-disk format: a dict of plain tensors and plain Python values only, s
 torch.load(..., weights_only=True) and opening a file never runs code. It holds format_version,
 the configs, the tokenizer model bytes, the unwrapped weights, sha256 digests of the weights and
 of the tokenizer (so corruption is reported as corruption), and optionally the training state.
-Writes are atomic.
+Writes are atomic (temp file, fsync, rename, fsync of the directory), so `kill -9` at any moment
+leaves the previous file loadable; update-numbered copies (checkpoint_u<N>.pt) are named and
+pruned here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
+import re
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -59,8 +63,63 @@ def build(config: dict[str, Any], model_bytes: bytes, weights: dict[str, torch.T
 
 
 def save(checkpoint: dict[str, Any], path: Path) -> None:
-    """Atomic: a crash or a full disk leaves the previous file intact."""
+    """Atomic: a crash, kill -9 or a full disk leaves the previous file intact (textio.atomic_write)."""
     atomic_write(Path(path), lambda handle: torch.save(checkpoint, handle))
+
+
+_NUMBERED = re.compile(r"^checkpoint_u(\d+)\.pt$")
+_TEMP = re.compile(r"^\..+\.pt\.tmp(\d+)$")
+
+
+def numbered_path(save_dir: Path, updates: int) -> Path:
+    return Path(save_dir) / f"checkpoint_u{updates}.pt"
+
+
+def numbered_checkpoints(save_dir: Path) -> list[tuple[int, Path]]:
+    """(updates, path) of the update-numbered copies in save_dir, oldest first."""
+    found = []
+    for path in Path(save_dir).iterdir():
+        match = _NUMBERED.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def prune_numbered(save_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` update-numbered copies; returns what was deleted."""
+    found = numbered_checkpoints(save_dir)
+    doomed = [path for _, path in found[: max(len(found) - keep, 0)]]
+    for path in doomed:
+        path.unlink(missing_ok=True)
+    return doomed
+
+
+def remove_stale_temps(save_dir: Path) -> list[Path]:
+    """Delete the temp files of checkpoint saves whose process died (kill -9 mid-save): they are
+    never loaded, but a big model leaves big ones. A live process's temp file is left alone."""
+    removed = []
+    for path in Path(save_dir).iterdir():
+        match = _TEMP.match(path.name)
+        if not match:
+            continue
+        pid = int(match.group(1))
+        if pid != os.getpid() and _process_alive(pid):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (another user's) or cannot tell: keep its file
+    return True
 
 
 def load(path: Path, verify: bool = True) -> dict[str, Any]:

@@ -163,6 +163,17 @@ def train(
     max_epochs: Annotated[Optional[int], typer.Option("--max-epochs")] = None,
     max_time: Annotated[Optional[str], typer.Option("--max-time", help="Wall-clock limit, e.g. 20m, 1.5h.")] = None,
     validate_interval_updates: Annotated[Optional[int], typer.Option("--validate-interval-updates", help="Also validate every N updates.")] = None,
+    eval_bleu: Annotated[Optional[bool], typer.Option("--eval-bleu/--no-eval-bleu", help="Validation also decodes the valid set (translate's search) and scores BLEU and chrF.")] = None,
+    eval_bleu_beam: Annotated[Optional[int], typer.Option("--eval-bleu-beam", help="Beam size of --eval-bleu [default: 4].")] = None,
+    eval_bleu_lenpen: Annotated[Optional[float], typer.Option("--eval-bleu-lenpen", help="Length penalty of --eval-bleu [default: 1.0].")] = None,
+    eval_bleu_max_len_a: Annotated[Optional[float], typer.Option("--eval-bleu-max-len-a", help="--eval-bleu max output length = a * source length + b [default: a 1.2].")] = None,
+    eval_bleu_max_len_b: Annotated[Optional[int], typer.Option("--eval-bleu-max-len-b", help="[default: b 10]")] = None,
+    best_metric: Annotated[Optional[str], typer.Option("--best-metric", help="What best.pt is best at: loss, bleu or chrf (bleu/chrf need --eval-bleu) [default: loss].")] = None,
+    patience: Annotated[Optional[int], typer.Option("--patience", help="Stop after N validations without improving --best-metric (0 = never).")] = None,
+    save_interval_updates: Annotated[Optional[int], typer.Option("--save-interval-updates", help="Also write last.pt every N updates.")] = None,
+    keep_last: Annotated[Optional[int], typer.Option("--keep-last", help="Keep the newest K copies checkpoint_u<UPDATES>.pt written every --save-interval-updates.")] = None,
+    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Also log to TensorBoard in this directory (pip install 'seqtool[tensorboard]').")] = None,
+    finetune: Annotated[Optional[Path], typer.Option("--finetune", help="Start from this checkpoint's weights, model and tokenizer, with fresh optimizer, schedule and progress.")] = None,
     precision: Precision = "fp32",
     device: Device = "auto",
     seed: Annotated[int, typer.Option("--seed")] = 1,
@@ -184,6 +195,7 @@ def train(
     model_over = dict(file_cfg.get("model", {}))
     optim_over = dict(file_cfg.get("optim", {}))
     train_over = dict(file_cfg.get("train", {}))
+    explicit_arch = arch is not None or "arch" in file_cfg
     arch = arch or file_cfg.get("arch", "small")
     for key, value in (("dropout", dropout), ("pre_norm", pre_norm)):
         if value is not None:
@@ -192,7 +204,11 @@ def train(
         if value is not None:
             optim_over[key] = value
     for key, value in (("max_tokens", max_tokens), ("max_updates", max_updates), ("max_epochs", max_epochs),
-                       ("validate_interval_updates", validate_interval_updates)):
+                       ("validate_interval_updates", validate_interval_updates), ("eval_bleu", eval_bleu),
+                       ("eval_bleu_beam", eval_bleu_beam), ("eval_bleu_lenpen", eval_bleu_lenpen),
+                       ("eval_bleu_max_len_a", eval_bleu_max_len_a), ("eval_bleu_max_len_b", eval_bleu_max_len_b),
+                       ("best_metric", best_metric), ("patience", patience), ("save_interval_updates", save_interval_updates),
+                       ("keep_last", keep_last), ("tensorboard_dir", str(tensorboard) if tensorboard else None)):
         if value is not None:
             train_over[key] = value
     if max_time is not None:
@@ -203,6 +219,13 @@ def train(
     if tgt:
         train_over["tgt_lang"] = tgt
     model = model_config_for(arch, **model_over)
+    tune = None
+    if finetune is not None:  # the model comes from the checkpoint; what was asked explicitly is checked against it
+        from .config import PRESETS
+        from .finetune import Finetune
+
+        asked = {**(PRESETS.get(arch, {}) if explicit_arch else {}), **model_over}
+        tune = Finetune(finetune, asked)
     raw = None
     if data_dir is None:
         if not (src and tgt and train_prefix and valid_prefix):
@@ -211,11 +234,12 @@ def train(
     elif train_prefix or valid_prefix:
         raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
     job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),
-                   train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw, force=force)
+                   train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw, force=force, finetune=tune)
     result = run(job)
+    best = "" if result.best_metric == "loss" else f"; best valid {result.best_metric} {result.best_value:.2f}"
     typer.echo(
         f"{result.updates} updates, {result.epochs:.2f} epochs in {result.train_seconds:.0f}s "
-        f"({result.tokens_per_second:,.0f} target tokens/s); best valid loss {result.best_valid_loss:.3f}; "
+        f"({result.tokens_per_second:,.0f} target tokens/s); best valid loss {result.best_valid_loss:.3f}{best}; "
         f"stopped by {result.stopped_by}; checkpoints in {result.save_dir}"
         + (f"; {result.skipped_too_long} pairs skipped as too long" if result.skipped_too_long else ""),
         err=True,
@@ -353,6 +377,20 @@ def score(
     for r in results:
         table.add_row(r.name.upper() if r.name != "chrf" else "chrF", f"{r.score:.2f}", r.signature)
     Console(soft_wrap=True).print(table)
+
+
+@app.command()
+@handles_user_errors
+def info(
+    checkpoint: Annotated[Path, typer.Argument(help="A checkpoint: last.pt, best.pt, checkpoint_u<N>.pt or an average.")],
+    *,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
+):
+    """Print a checkpoint's configs, size, parameters, tokenizer and training progress."""
+    from .info import describe
+
+    summary = describe(checkpoint)
+    typer.echo(summary.to_json() if as_json else summary.to_text(), nl=as_json)
 
 
 @app.command()

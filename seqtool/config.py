@@ -126,8 +126,29 @@ class TrainConfig(_Config):
     threads: int = 0  # 0 = torch's default
     src_lang: str = ""
     tgt_lang: str = ""
+    # validation (validate.py): BLEU/chrF by decoding with translate's search, best.pt, early stopping
+    eval_bleu: bool = False
+    eval_bleu_beam: int = 4
+    eval_bleu_lenpen: float = 1.0
+    eval_bleu_max_len_a: float = 1.2  # max output length = a * source length + b, as in translate;
+    eval_bleu_max_len_b: int = 10  # tighter than translate's default so early validations stay quick
+    best_metric: str = "loss"  # loss (lower is better), bleu or chrf (higher is better)
+    patience: int = 0  # stop after this many validations without improvement; 0 = never
+    # checkpoints (train.py) and logs (metrics.py)
+    save_interval_updates: int = 0  # also write last.pt every N updates; 0 = at validations only
+    keep_last: int = 0  # keep the newest K update-numbered copies checkpoint_u<N>.pt; 0 = none
+    tensorboard_dir: str = ""  # also write TensorBoard scalars here
 
     def __post_init__(self):
+        _check(self.best_metric in ("loss", "bleu", "chrf"), f"--best-metric must be loss, bleu or chrf, got {self.best_metric!r}")
+        _check(self.best_metric == "loss" or self.eval_bleu,
+               f"--best-metric {self.best_metric} needs --eval-bleu (validation must decode to score {self.best_metric})")
+        _check(self.eval_bleu_beam >= 1, f"--eval-bleu-beam must be >= 1, got {self.eval_bleu_beam}")
+        _check(self.eval_bleu_max_len_b >= 1 or self.eval_bleu_max_len_a > 0, "--eval-bleu-max-len-a/-b allow no output token")
+        _check(self.patience >= 0, f"--patience must be >= 0, got {self.patience}")
+        _check(self.save_interval_updates >= 0 and self.keep_last >= 0, "--save-interval-updates and --keep-last must be >= 0")
+        _check(self.keep_last == 0 or self.save_interval_updates > 0,
+               "--keep-last keeps the copies written every --save-interval-updates N; give --save-interval-updates too")
         _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
         _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
         _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),

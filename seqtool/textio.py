@@ -121,17 +121,41 @@ def find_split_file(prefix: str, lang: str) -> Path:
     raise InputError(f"{plain}: no such file (nor {gz.name})")
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """write(handle) into a temp file beside `path`, fsync, rename: a crash or a full disk leaves
-    the old file or the new one, never half of one, and no temp file behind."""
+def temp_path(path: Path, pid: int = 0) -> Path:
+    """The hidden temp file atomic_write uses for `path` (never named like the real file)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    return path.with_name(f".{path.name}.tmp{pid or os.getpid()}")
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename inside `directory` durable: without this, a power cut after os.replace may
+    bring back the old directory entry (or none). POSIX only; file systems that cannot sync a
+    directory (EINVAL) are left as they are."""
+    if os.name != "posix":
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """write(handle) into a temp file beside `path`, flush, fsync it, rename over `path`, fsync the
+    directory: a crash, kill -9 or a full disk leaves the old file or the new one, never half of
+    one (a killed process may leave its hidden temp file, which is never taken for `path`)."""
+    path = Path(path)
+    tmp = temp_path(path)
     try:
         with open(tmp, "wb") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        fsync_directory(path.parent)
     except BaseException as error:
         tmp.unlink(missing_ok=True)
         if isinstance(error, OSError) and error.errno == errno.ENOSPC and not error.filename:

@@ -2,9 +2,12 @@
 
 Owns one training run: model and optimizer set-up, autocast (bf16, or fp16 with a gradient
 scaler), the inverse-square-root LR schedule, gradient clipping, validation, early stopping
-limits (updates, epochs, wall clock), checkpoints (last.pt with training state, best.pt without),
-metrics.jsonl, and resuming a run from last.pt when the configuration matches. Training on raw
-parallel files first trains a tokenizer and binarizes into SAVE_DIR/data through the same code.
+limits (updates, epochs, wall clock), checkpoints (last.pt with training state, best.pt without,
+update-numbered copies), and resuming a run from last.pt when the configuration matches. What a
+validation measures and when it stops a run is validate.py's; where the numbers go, metrics.py's;
+what --finetune takes from its checkpoint, finetune.py's. Training on raw parallel files first
+trains a tokenizer (or takes the --finetune checkpoint's) and binarizes into SAVE_DIR/data
+through the same code.
 """
 
 from __future__ import annotations
@@ -22,16 +25,19 @@ from typing import Any, Optional
 
 import torch
 
-from . import checkpoint, log
+from . import checkpoint, finetune, log, validate
 from .binarize import SplitSpec, binarize
 from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
+from .metrics import MetricsLog
 from .model import Transformer, label_smoothed_nll
 from .textio import InputError
 from .tokenizer import Tokenizer, train_tokenizer
 
 # Settings that may change when a run is resumed: limits and where/how fast it runs.
-RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates"}
+RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",
+                     "patience", "save_interval_updates", "keep_last", "tensorboard_dir", "eval_bleu", "eval_bleu_beam",
+                     "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b"}
 
 
 @dataclass
@@ -53,6 +59,7 @@ class TrainJob:
     data_dir: Optional[Path] = None
     raw: Optional[RawData] = None
     force: bool = False  # start afresh in a SAVE_DIR that holds another run (instead of resuming or refusing)
+    finetune: Optional[finetune.Finetune] = None  # start from these weights (and tokenizer), with fresh training state
 
 
 @dataclass
@@ -66,6 +73,8 @@ class TrainResult:
     skipped_too_long: int
     save_dir: Path
     stopped_by: str
+    best_metric: str = "loss"
+    best_value: float = float("nan")  # of best_metric
 
     @property
     def tokens_per_second(self) -> float:
@@ -94,8 +103,9 @@ def autocast_for(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def prepare_raw(job: TrainJob) -> Path:
-    """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them)."""
+def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path:
+    """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them); with
+    --finetune, the checkpoint's tokenizer instead of a new one."""
     assert job.raw is not None
     data_dir = Path(job.save_dir) / "data"
     src, tgt = job.train.src_lang, job.train.tgt_lang
@@ -113,8 +123,12 @@ def prepare_raw(job: TrainJob) -> Path:
         log.info(f"using the data prepared earlier in {data_dir}")
         return data_dir
     data_dir.mkdir(parents=True, exist_ok=True)
-    log.info(f"training a {job.raw.tokenizer.model_type} tokenizer ({job.raw.tokenizer.vocab_size} pieces) on {', '.join(map(str, files))}")
-    model_path = train_tokenizer(files, str(data_dir / "tokenizer"), job.raw.tokenizer)
+    if source is not None:
+        log.info(f"using the tokenizer of {source.path}")
+        model_path = finetune.write_tokenizer(source, data_dir)
+    else:
+        log.info(f"training a {job.raw.tokenizer.model_type} tokenizer ({job.raw.tokenizer.vocab_size} pieces) on {', '.join(map(str, files))}")
+        model_path = train_tokenizer(files, str(data_dir / "tokenizer"), job.raw.tokenizer)
     log.info(f"binarizing into {data_dir}")
     binarize(src, tgt, [SplitSpec("train", job.raw.train_prefix), SplitSpec("valid", job.raw.valid_prefix)],
              model_path, data_dir, workers=job.raw.workers, force=job.force)
@@ -129,7 +143,8 @@ class Trainer:
         self.device = pick_device(cfg.device)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        data_dir = prepare_raw(job) if job.raw is not None else Path(job.data_dir)
+        source = finetune.load_source(job.finetune) if job.finetune is not None else None
+        data_dir = prepare_raw(job, source) if job.raw is not None else Path(job.data_dir)
         self.data_dir = data_dir
         self.meta = read_meta(data_dir)
         check_languages(data_dir, self.meta, cfg)
@@ -138,17 +153,28 @@ class Trainer:
             raise InputError(f"{data_dir}/tokenizer.model has {self.tokenizer.vocab_size} pieces but meta.json says {self.meta['vocab_size']}; binarize again")
         if self.meta.get("tokenizer_sha256") not in (None, hashlib.sha256(self.tokenizer.model_bytes).hexdigest()):
             raise InputError(f"{data_dir}/tokenizer.model is not the tokenizer the data was binarized with (sha256 differs from meta.json); binarize again with it")
+        if source is not None:
+            finetune.check_data(source, self.tokenizer, data_dir)
         self.train_set = ParallelDataset(data_dir, "train", self.meta)
         self.valid_set = ParallelDataset(data_dir, "valid", self.meta) if "valid" in self.meta["splits"] else None
+        if self.valid_set is None and (cfg.eval_bleu or cfg.patience or cfg.best_metric != "loss"):
+            raise ConfigError(f"{data_dir}: has no valid split, which --eval-bleu, --patience and --best-metric need; binarize one with --valid")
         sp = self.meta["special_ids"]
-        self.model_config = job.model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
+        base_model = source.model_config if source is not None else job.model
+        self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
         self.train_config = cfg.replace(src_lang=self.meta["src_lang"], tgt_lang=self.meta["tgt_lang"])
         self.configs = {"model": self.model_config.to_dict(), "optim": job.optim.to_dict(), "train": self.train_config.to_dict()}
+        if source is not None:
+            self.configs["finetune"] = source.describe()
         if cfg.precision == "fp16" and self.device.type == "cpu":
             log.warn("fp16 on CPU is slow and only useful for testing; bf16 is the fast CPU format")
 
         torch.manual_seed(cfg.seed)
-        self.model = Transformer(self.model_config).to(self.device)
+        self.model = Transformer(self.model_config)
+        if source is not None:
+            finetune.load_weights(self.model, source)
+            log.info(f"fine-tuning the weights of {source.path}")
+        self.model.to(self.device)
         o = job.optim
         kwargs: dict[str, Any] = dict(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
         try:  # one fused kernel for all parameters (CPU and CUDA in torch >= 2.4)
@@ -158,17 +184,22 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
         self.state = {"updates": 0, "epoch": 1, "batch_in_epoch": 0, "best_valid_loss": float("inf"),
                       "train_seconds": 0.0, "train_tokens": 0, "last_valid_loss": float("nan")}
+        self.early_stopping = validate.EarlyStopping(cfg.best_metric, cfg.patience, self.state)  # keeps its state in self.state
         self._resume_or_start()
+        self.metrics = MetricsLog(self.paths.metrics, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None)
 
     # ---- set-up ---------------------------------------------------------------------------
     def _resume_or_start(self) -> None:
         save_dir = self.paths.save_dir
         save_dir.mkdir(parents=True, exist_ok=True)
+        for stale in checkpoint.remove_stale_temps(save_dir):
+            log.info(f"removed {stale.name}, left by a save that was killed")
         if self.job.force and (self.paths.last.exists() or self.paths.best.exists()):
             # start afresh: the old checkpoints are replaced by the first save, the old metrics now
             log.warn(f"--force: starting a new run in {save_dir}; its checkpoints will be replaced")
             for path in (self.paths.last, self.paths.best, self.paths.metrics):
                 path.unlink(missing_ok=True)
+            checkpoint.prune_numbered(save_dir, 0)
         if not self.paths.last.exists():
             if self.paths.best.exists():
                 raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir or pass --force to replace it")
@@ -218,49 +249,40 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), nll, n
 
-    @torch.no_grad()
-    def validate(self) -> tuple[float, float]:
-        """Label-smoothed loss and NLL per target token (nats) on the validation split."""
+    def validate(self) -> validate.ValidResult:
+        """Loss (and, with --eval-bleu, BLEU/chrF) on the validation split; nan without one."""
         if self.valid_set is None:
-            return float("nan"), float("nan")
-        self.model.eval()
-        sp = self.model_config
-        batches, _ = epoch_batches(self.valid_set, self.train_config.max_tokens, sp.max_positions, 0, 0, shuffle=False)
-        total_loss = total_nll = 0.0
-        total_n = 0
-        for ids in batches:
-            b = collate(self.valid_set, ids, sp.pad_id, sp.bos_id, sp.eos_id)
-            with autocast_for(self.device, self.train_config.precision):
-                memory, src_pad = self.model.encode(b.src.to(self.device))
-                feats = self.model.decode_features(b.tgt_in.to(self.device), memory, src_pad)
-                loss, nll, n = label_smoothed_nll(feats, self.model.output, b.tgt_out.to(self.device), sp.pad_id, self.job.optim.label_smoothing)
-            total_loss += float(loss)
-            total_nll += float(nll)
-            total_n += n
-        self.model.train()
-        return total_loss / max(total_n, 1), total_nll / max(total_n, 1)
+            return validate.ValidResult(float("nan"), float("nan"))
+        return validate.evaluate(self.model, self.valid_set, self.tokenizer, self.model_config, self.train_config,
+                                 self.job.optim.label_smoothing, self.device,
+                                 autocast=lambda: autocast_for(self.device, self.train_config.precision))
 
-    def _save(self, valid_loss: float) -> None:
+    def _save(self, result: Optional[validate.ValidResult] = None, improved: bool = False) -> None:
+        """last.pt always (and the update-numbered copy at --save-interval-updates points); best.pt
+        after a validation that improved --best-metric, after the first validation of a run (so
+        there is one to translate with), and after every validation when there is no validation
+        split. An unvalidated save (interval, Ctrl-C, SIGTERM) never writes best.pt. best.pt is
+        written first: a kill between the two leaves last.pt behind it, never ahead."""
+        st, cfg = self.state, self.train_config
         weights = checkpoint.model_state(self.model)
         train_state = {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng_cpu": torch.get_rng_state(),
             "rng_cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
-            "progress": dict(self.state),
+            "progress": dict(st),
         }
+        valid = None if result is None else {"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf}
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
-                                valid_loss=valid_loss, updates=self.state["updates"])
+                                valid_loss=None if result is None else result.loss, updates=st["updates"],
+                                progress=dict(st), valid=valid)
+        if result is not None and (improved or self.valid_set is None or not self.paths.best.exists()):
+            best = {k: v for k, v in ckpt.items() if k != "train_state"}
+            checkpoint.save(best, self.paths.best)
         checkpoint.save(ckpt, self.paths.last)
-        if valid_loss < self.state["best_valid_loss"] or not self.paths.best.exists():
-            if valid_loss < self.state["best_valid_loss"]:
-                self.state["best_valid_loss"] = valid_loss
-            ckpt.pop("train_state")
-            checkpoint.save(ckpt, self.paths.best)
-
-    def _metrics(self, record: dict) -> None:
-        with open(self.paths.metrics, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        if cfg.keep_last and st["updates"] % cfg.save_interval_updates == 0:
+            checkpoint.save(ckpt, checkpoint.numbered_path(self.paths.save_dir, st["updates"]))
+            checkpoint.prune_numbered(self.paths.save_dir, cfg.keep_last)
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -289,6 +311,9 @@ class Trainer:
                                      f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
                 if st["updates"] == 0 and st["batch_in_epoch"] == 0 and skipped:
                     log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
+                # whether the state as it is now has been validated (and saved); a run resumed at the
+                # end of an epoch was saved by the validation of that epoch's last update
+                validated = 0 < st["batch_in_epoch"] == len(batches)
                 for k in range(st["batch_in_epoch"], len(batches)):
                     batch = collate(self.train_set, batches[k], mc.pad_id, mc.bos_id, mc.eos_id)
                     loss, nll, n = self._step(batch)
@@ -305,29 +330,35 @@ class Trainer:
                         rate = window_tokens / max(now - window_start, 1e-9)
                         lr = self.optimizer.param_groups[0]["lr"]
                         ppl = math.exp(min(nll_avg, 50))
-                        self._metrics({"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss_avg,
-                                       "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
+                        self.metrics.write({"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss_avg,
+                                           "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
                         window_tokens, window_start, window_loss, window_nll = 0, now, 0.0, 0.0
                         stats = f"epoch {st['epoch']} | update {st['updates']} | loss {loss_avg:.3f} | ppl {ppl:.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
                         done = {"update": st["updates"], "second": st["train_seconds"], "epoch": st["epoch"] - 1 + (k + 1) / len(batches)}[unit]
                         progress.update(done, stats)
                     stopped_by = self._limit_reached(epoch_done=False)
+                    validated = False
                     if cfg.validate_interval_updates and st["updates"] % cfg.validate_interval_updates == 0 and not stopped_by:
-                        self._validate_and_save()
+                        stopped_by, validated = self._validate_and_save(), True
+                    elif (cfg.save_interval_updates and st["updates"] % cfg.save_interval_updates == 0
+                          and not stopped_by and k + 1 < len(batches)):  # else the validation just below saves
+                        self._save()
                     if stopped_by:
                         break
                 else:
                     st["epoch"] += 1
                     st["batch_in_epoch"] = 0
                     stopped_by = self._limit_reached(epoch_done=True)
-                self._validate_and_save()
+                if not validated:  # (an interval validation of the epoch's last update counts)
+                    stopped_by = self._validate_and_save() or stopped_by
         except KeyboardInterrupt:
             progress.close()
-            self._save(float("inf"))  # not validated: never replaces best.pt
+            self._save()  # not validated: last.pt only, never best.pt
             log.warn(f"interrupted at update {st['updates']}: saved {self.paths.last}; run the same command again to resume")
             raise
         finally:
             progress.close()
+            self.metrics.close()
             if previous_sigterm is not None:
                 signal.signal(signal.SIGTERM, previous_sigterm)
         st["train_seconds"] = time.monotonic() - start
@@ -336,6 +367,7 @@ class Trainer:
             best_valid_loss=st["best_valid_loss"], last_valid_loss=st["last_valid_loss"],
             train_tokens=st["train_tokens"], train_seconds=st["train_seconds"], skipped_too_long=skipped,
             save_dir=self.paths.save_dir, stopped_by=stopped_by,
+            best_metric=cfg.best_metric, best_value=st["best_metric_value"],
         )
 
     def _limit_reached(self, epoch_done: bool) -> str:
@@ -348,18 +380,23 @@ class Trainer:
             return "max-epochs"
         return ""
 
-    def _validate_and_save(self) -> None:
-        st = self.state
-        t0 = time.monotonic()
-        valid_loss, valid_nll = self.validate()
-        st["last_valid_loss"] = valid_loss
-        self._save(valid_loss if not math.isnan(valid_loss) else float("inf"))
-        seconds = time.monotonic() - t0
-        self._metrics({"kind": "valid", "update": st["updates"], "epoch": st["epoch"], "loss": valid_loss,
-                       "nll": valid_nll, "ppl": math.exp(min(valid_nll, 50)) if not math.isnan(valid_nll) else None,
-                       "best_loss": st["best_valid_loss"], "seconds": st["train_seconds"], "valid_seconds": seconds})
-        log.info(f"valid | update {st['updates']} | loss {valid_loss:.3f} | ppl {math.exp(min(valid_nll, 50)) if not math.isnan(valid_nll) else float('nan'):.2f} "
-                 f"| best {st['best_valid_loss']:.3f} | {seconds:.1f}s")
+    def _validate_and_save(self) -> str:
+        """Validate, update early stopping, save, log; returns "patience" when it says stop."""
+        st, cfg = self.state, self.train_config
+        result = self.validate()
+        st["last_valid_loss"] = result.loss
+        improved = self.early_stopping.update(result)
+        self._save(result, improved)
+        self.metrics.write({"kind": "valid", "update": st["updates"], "epoch": st["epoch"], "loss": result.loss,
+                            "nll": result.nll, "ppl": result.ppl, "bleu": result.bleu, "chrf": result.chrf,
+                            "best_loss": st["best_valid_loss"], "best_metric": cfg.best_metric, "best": self.early_stopping.best,
+                            "bad_validations": st["bad_validations"], "seconds": st["train_seconds"],
+                            "valid_seconds": result.seconds})
+        log.info(validate.summary_line(result, st["updates"], self.early_stopping))
+        if self.early_stopping.should_stop:
+            log.info(f"stopping: {cfg.best_metric} has not improved for {cfg.patience} validations (--patience)")
+            return "patience"
+        return ""
 
 
 def check_languages(data_dir: Path, meta: dict, cfg: TrainConfig) -> None:
@@ -376,6 +413,8 @@ def _raise_keyboard_interrupt(signum, frame):
 
 def _without(configs: dict) -> dict:
     out = json.loads(json.dumps(configs))
+    # settings added since a run was saved count as their defaults (it ran with that behaviour)
+    out["train"] = {**json.loads(json.dumps(TrainConfig().to_dict())), **out.get("train", {})}
     for key in RESUMABLE_CHANGES:
         out.get("train", {}).pop(key, None)
     return out

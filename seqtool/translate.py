@@ -89,8 +89,13 @@ class Translator:
 
     def translate_chunk(self, start: int, lines: list[str]) -> list[Translation]:
         """Translate lines numbered start, start+1, ...; results in the same order."""
+        return self.translate_ids(start, lines, self._encode(start, lines))
+
+    def translate_ids(self, start: int, lines: list[str], ids: list[list[int]]) -> list[Translation]:
+        """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
+        validation passes the valid split's ids here, so it decodes exactly as translate does)."""
         c, pad, eos = self.config, self.model.config.pad_id, self.model.config.eos_id
-        ids = self._encode(start, lines)
+        ids = [seq[: self.max_src] for seq in ids]  # _encode crops with a warning; stored ids silently
         results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
         alignments: list[Optional[list]] = [None] * len(lines)
         todo = [k for k in range(len(lines)) if ids[k]]  # an empty line translates to an empty line

@@ -95,3 +95,18 @@ def reverse_run(tmp_path_factory) -> ReverseRun:
     seqtool("train", "bin", "--save-dir", "run", "--arch", "tiny", "--pre-norm", "--dropout", "0", "--label-smoothing", "0",
             "--lr", "2e-3", "--warmup", "100", "--max-tokens", "3000", "--max-updates", "1000", "--threads", "2", cwd=d)
     return ReverseRun(d, texts)
+
+
+@pytest.fixture(scope="session")
+def small_corpus(tmp_path_factory) -> Path:
+    """Raw reverse-corpus files DIR/{train,valid,test}.{src,tgt} (300/20/20 lines), a 25-piece
+    tokenizer DIR/spm.model and DIR/bin, binarized with it: shared by the training-loop tests."""
+    from seqtool.binarize import SplitSpec, binarize
+    from seqtool.config import TokenizerConfig
+    from seqtool.tokenizer import train_tokenizer
+
+    d = tmp_path_factory.mktemp("corpus")
+    write_reverse_corpus(d, 300, 20)
+    spm = train_tokenizer([d / "train.src", d / "train.tgt"], str(d / "spm"), TokenizerConfig(vocab_size=25))
+    binarize("src", "tgt", [SplitSpec("train", str(d / "train")), SplitSpec("valid", str(d / "valid"))], spm, d / "bin")
+    return d

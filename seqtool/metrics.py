@@ -1,0 +1,71 @@
+"""Where training numbers go: SAVE_DIR/metrics.jsonl and, optionally, TensorBoard.
+
+Owns the metrics records of a run: one JSON object per line in metrics.jsonl ("kind": "train"
+per log interval, "kind": "valid" per validation), appended and closed at once so a killed run
+keeps every line it wrote, and, with --tensorboard DIR, the same numbers as TensorBoard scalars
+(train/loss, valid/bleu, ...) stepped by update. TensorBoard is an optional extra
+(`pip install 'seqtool[tensorboard]'`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from .config import ConfigError
+
+# Record keys written as TensorBoard scalars, per kind of record (other keys stay in the JSON only).
+SCALARS = {
+    "train": ("loss", "ppl", "lr", "tokens_per_s"),
+    "valid": ("loss", "ppl", "bleu", "chrf", "best_loss", "best"),
+}
+
+
+def open_summary_writer(directory: Path):
+    """A TensorBoard SummaryWriter, or one clear error line when the extra is not installed."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise ConfigError("--tensorboard needs the tensorboard package: pip install 'seqtool[tensorboard]'") from None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    return SummaryWriter(log_dir=str(directory))
+
+
+class MetricsLog:
+    """metrics.jsonl (always) plus TensorBoard scalars (when a directory is given)."""
+
+    def __init__(self, path: Path, tensorboard_dir: Optional[Path] = None):
+        self.path = Path(path)
+        self.writer = open_summary_writer(tensorboard_dir) if tensorboard_dir else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Append one record; `kind` and `update` are required."""
+        clean = {k: _finite_or_none(v) for k, v in record.items()}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(clean) + "\n")
+        if self.writer is not None:
+            kind, step = record["kind"], int(record["update"])
+            for key in SCALARS.get(kind, ()):
+                value = clean.get(key)
+                if key == "best" and record.get("best_metric", "loss") == "loss":
+                    continue  # the same number as best_loss
+                if isinstance(value, (int, float)):
+                    # "best" is the best value of --best-metric: the tag names that metric
+                    tag = f"best_{record.get('best_metric')}" if key == "best" else key
+                    self.writer.add_scalar(f"{kind}/{tag}", value, step)
+            if kind == "valid":
+                self.writer.flush()  # validations are rare and worth seeing at once
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no inf/nan: an undefined number (no validation set, nothing yet) is null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,170 @@
+"""Validation during training: the numbers that pick best.pt and stop a run early.
+
+Owns one validation pass over the valid split: the label-smoothed loss and NLL per target token
+(the training objective) and, with --eval-bleu, BLEU and chrF of the validation set decoded with
+the very search `seqtool translate` uses (translate.Translator on the in-memory model, in float32
+as translate runs by default), detokenized and scored by sacrebleu against the detokenized
+references. Also owns early stopping: which value is "best" for --best-metric loss|bleu|chrf,
+and how many validations passed without improving it (--patience). That state lives in the
+trainer's progress dict, so last.pt carries it and a resumed run continues the count.
+
+Validation draws no random numbers, so it never changes the course of training (exact resume).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Optional
+
+import torch
+
+from .config import DecodeConfig, ModelConfig, TrainConfig
+from .data import ParallelDataset, collate, epoch_batches
+from .model import label_smoothed_nll
+from .score import score_lines
+from .tokenizer import Tokenizer
+
+
+@dataclass
+class ValidResult:
+    loss: float  # label-smoothed cross-entropy per target token (nats); nan without a valid split
+    nll: float  # plain negative log-likelihood per target token (nats)
+    bleu: Optional[float] = None  # with --eval-bleu
+    chrf: Optional[float] = None
+    hypotheses: Optional[list[str]] = None  # detokenized, in valid-split order
+    seconds: float = 0.0
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(min(self.nll, 50)) if not math.isnan(self.nll) else float("nan")
+
+    def value(self, metric: str) -> float:
+        """The value of --best-metric in this result (nan when it was not measured)."""
+        value = {"loss": self.loss, "bleu": self.bleu, "chrf": self.chrf}[metric]
+        return float("nan") if value is None else float(value)
+
+
+@torch.no_grad()
+def valid_loss(model, dataset: ParallelDataset, config: ModelConfig, max_tokens: int, label_smoothing: float,
+               device: torch.device, autocast: Callable[[], ContextManager] = nullcontext) -> tuple[float, float]:
+    """Label-smoothed loss and NLL per target token on `dataset`, batched as training batches are
+    (pairs longer than the model's positions are left out, as in training)."""
+    was_training = model.training
+    model.eval()
+    batches, _ = epoch_batches(dataset, max_tokens, config.max_positions, 0, 0, shuffle=False)
+    total_loss = total_nll = 0.0
+    total_n = 0
+    try:
+        for ids in batches:
+            b = collate(dataset, ids, config.pad_id, config.bos_id, config.eos_id)
+            with autocast():
+                memory, src_pad = model.encode(b.src.to(device))  # (B, S, d), (B, S)
+                feats = model.decode_features(b.tgt_in.to(device), memory, src_pad)  # (B, T, d)
+                loss, nll, n = label_smoothed_nll(feats, model.output, b.tgt_out.to(device), config.pad_id, label_smoothing)
+            total_loss += float(loss)
+            total_nll += float(nll)
+            total_n += n
+    finally:
+        model.train(was_training)
+    return total_loss / max(total_n, 1), total_nll / max(total_n, 1)
+
+
+def decode_config(cfg: TrainConfig) -> DecodeConfig:
+    """The `seqtool translate` settings that reproduce --eval-bleu's hypotheses:
+    `--beam B --lenpen L --max-len-a A --max-len-b N` (and translate's other defaults)."""
+    return DecodeConfig(beam=cfg.eval_bleu_beam, lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
+                        max_len_b=cfg.eval_bleu_max_len_b)
+
+
+def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, config: DecodeConfig, device: torch.device) -> list[str]:
+    """Translations of the valid split's source side, in split order, by translate.Translator:
+    the same cropping, length-sorted batching per chunk, search and detokenization as
+    `seqtool translate` on the detokenized source file."""
+    from .translate import Translator  # translate imports train, which imports this module
+
+    model = getattr(model, "module", model)  # DistributedDataParallel
+    model = getattr(model, "_orig_mod", model)  # torch.compile
+    was_training = model.training
+    model.eval()
+    try:
+        translator = Translator(model, tokenizer, config, device)
+        out: list[str] = []
+        n = len(dataset)
+        for start in range(0, n, config.chunk_lines):  # translate's chunks: sorting and batching happen per chunk
+            ids = [dataset.src[i].tolist() for i in range(start, min(start + config.chunk_lines, n))]
+            lines = [tokenizer.decode(seq) for seq in ids]
+            for t in translator.translate_ids(start, lines, ids):
+                out.append(t.texts[0].replace("\n", " ") if t.texts else "")  # as translate writes it
+    finally:
+        model.train(was_training)
+    return out
+
+
+def references(tokenizer: Tokenizer, dataset: ParallelDataset) -> list[str]:
+    """The detokenized target side of the valid split (what a test set's reference file holds)."""
+    return [tokenizer.decode(dataset.tgt[i].tolist()) for i in range(len(dataset))]
+
+
+def evaluate(model, dataset: ParallelDataset, tokenizer: Tokenizer, model_config: ModelConfig, cfg: TrainConfig,
+             label_smoothing: float, device: torch.device,
+             autocast: Callable[[], ContextManager] = nullcontext) -> ValidResult:
+    """One validation: loss and NLL, and with cfg.eval_bleu also BLEU/chrF of decoded hypotheses."""
+    t0 = time.monotonic()
+    loss, nll = valid_loss(model, dataset, model_config, cfg.max_tokens, label_smoothing, device, autocast)
+    result = ValidResult(loss, nll)
+    if cfg.eval_bleu:
+        hyps = decode(model, tokenizer, dataset, decode_config(cfg), device)
+        bleu, chrf = score_lines(hyps, [references(tokenizer, dataset)], ("bleu", "chrf"))
+        result.bleu, result.chrf, result.hypotheses = bleu.score, chrf.score, hyps
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+class EarlyStopping:
+    """Best value of --best-metric and validations without improving it, kept in `state` (the
+    trainer's progress dict, saved in last.pt) under best_metric_value, bad_validations and
+    best_valid_loss."""
+
+    def __init__(self, metric: str, patience: int, state: dict[str, Any]):
+        self.metric, self.patience, self.state = metric, patience, state
+        self.higher_is_better = metric != "loss"
+        state.setdefault("best_metric_value", -math.inf if self.higher_is_better else math.inf)
+        state.setdefault("bad_validations", 0)
+        state.setdefault("best_valid_loss", math.inf)
+
+    @property
+    def best(self) -> float:
+        return self.state["best_metric_value"]
+
+    def update(self, result: ValidResult) -> bool:
+        """Record one validation; True when it improved the best value (a nan never does)."""
+        if result.loss < self.state["best_valid_loss"]:
+            self.state["best_valid_loss"] = result.loss
+        value = result.value(self.metric)
+        improved = value > self.best if self.higher_is_better else value < self.best
+        if improved:
+            self.state["best_metric_value"] = value
+            self.state["bad_validations"] = 0
+        else:
+            self.state["bad_validations"] += 1
+        return improved
+
+    @property
+    def should_stop(self) -> bool:
+        return bool(self.patience) and self.state["bad_validations"] >= self.patience
+
+
+def summary_line(result: ValidResult, update: int, stopping: EarlyStopping) -> str:
+    """The `valid | ...` log line: loss and ppl, bleu/chrf when measured, the best so far."""
+    parts = [f"valid | update {update} | loss {result.loss:.3f} | ppl {result.ppl:.2f}"]
+    if result.bleu is not None:
+        parts.append(f"bleu {result.bleu:.2f} | chrf {result.chrf:.2f}")
+    best = stopping.best
+    parts.append(f"best {stopping.metric} {best:.3f}" if math.isfinite(best) else f"best {stopping.metric} -")
+    if stopping.patience:
+        parts.append(f"{stopping.state['bad_validations']}/{stopping.patience} without improvement")
+    parts.append(f"{result.seconds:.1f}s")
+    return " | ".join(parts)

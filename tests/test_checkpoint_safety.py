@@ -1,0 +1,146 @@
+"""Never lose work: atomic saves down to the directory entry, kill -9 just before the rename,
+interval saves and update-numbered copies, interrupted runs (no best.pt without a validation)."""
+
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from seqtool import checkpoint
+from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
+from seqtool.textio import temp_path
+from seqtool.train import Trainer, TrainJob, train
+
+
+def _job(corpus, save_dir, **train_options):
+    train_options.setdefault("max_tokens", 600)
+    train_options.setdefault("threads", 2)
+    return TrainJob(save_dir=save_dir, model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
+                    train=TrainConfig(**train_options), data_dir=corpus / "bin")
+
+
+def test_save_interval_and_keep_last_leave_exactly_the_expected_files(small_corpus, tmp_path):
+    save = tmp_path / "run"
+    train(_job(small_corpus, save, max_updates=7, save_interval_updates=2, keep_last=2))
+    names = sorted(p.name for p in save.iterdir())
+    assert names == ["best.pt", "checkpoint_u4.pt", "checkpoint_u6.pt", "config.json", "last.pt", "metrics.jsonl"]
+    for updates in (4, 6):
+        copy = checkpoint.load(save / f"checkpoint_u{updates}.pt")
+        assert copy["train_state"]["progress"]["updates"] == updates  # resumable, like last.pt
+    assert checkpoint.load(save / "last.pt")["train_state"]["progress"]["updates"] == 7
+
+
+def test_save_interval_without_keep_last_writes_last_pt_only(small_corpus, tmp_path, monkeypatch):
+    saved = []
+    real = checkpoint.save
+    monkeypatch.setattr(checkpoint, "save", lambda ckpt, path: saved.append((path.name, ckpt["updates"])) or real(ckpt, path))
+    train(_job(small_corpus, tmp_path / "run", max_updates=5, save_interval_updates=2))
+    # interval saves at 2 and 4 (last.pt only), then the validation at the end (best.pt, last.pt)
+    assert saved == [("last.pt", 2), ("last.pt", 4), ("best.pt", 5), ("last.pt", 5)]
+    assert not checkpoint.numbered_checkpoints(tmp_path / "run")
+
+
+def test_keep_last_needs_save_interval():
+    with pytest.raises(ConfigError, match="--keep-last .* --save-interval-updates"):
+        TrainConfig(keep_last=3)
+
+
+def test_interrupted_run_writes_last_pt_but_no_best_pt(small_corpus, tmp_path, monkeypatch):
+    save = tmp_path / "run"
+    real_step = Trainer._step
+    steps = []
+
+    def step_then_interrupt(self, batch):
+        if len(steps) == 3:
+            raise KeyboardInterrupt  # Ctrl-C (SIGTERM takes the same path) before anything was validated
+        steps.append(1)
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "_step", step_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(_job(small_corpus, save, max_updates=10))
+    assert (save / "last.pt").exists() and not (save / "best.pt").exists()
+    assert checkpoint.load(save / "last.pt")["train_state"]["progress"]["updates"] == 3
+    monkeypatch.setattr(Trainer, "_step", real_step)
+    result = train(_job(small_corpus, save, max_updates=5))  # resumes; the first validation writes best.pt
+    assert result.updates == 5 and checkpoint.load(save / "best.pt")["updates"] == 5
+
+
+KILLED_SAVE = textwrap.dedent("""
+    import os, sys
+    from pathlib import Path
+
+    real_replace = os.replace
+
+    def die_before_rename(src, dst, *args, **kwargs):
+        if str(dst).endswith("last.pt"):
+            os._exit(9)  # like kill -9: no cleanup, no exception handlers, the temp file stays
+        return real_replace(src, dst, *args, **kwargs)
+
+    os.replace = die_before_rename
+    from seqtool.config import OptimConfig, TrainConfig, model_config_for
+    from seqtool.train import TrainJob, train
+
+    train(TrainJob(save_dir=Path(sys.argv[2]), model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
+                   train=TrainConfig(max_tokens=600, threads=1, max_updates=4, save_interval_updates=1),
+                   data_dir=Path(sys.argv[1])))
+""")
+
+
+def test_kill_just_before_the_rename_leaves_the_previous_last_pt(small_corpus, tmp_path):
+    save = tmp_path / "run"
+    train(_job(small_corpus, save, max_updates=2))
+    before = (save / "last.pt").read_bytes()
+    killed = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(small_corpus / "bin"), str(save)],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == 9, killed.stderr
+    # the previous last.pt, intact and loadable; the dead save's temp file is never taken for it
+    assert (save / "last.pt").read_bytes() == before
+    assert checkpoint.load(save / "last.pt")["train_state"]["progress"]["updates"] == 2
+    leftovers = [p for p in save.iterdir() if p.name.startswith(".last.pt.tmp")]
+    assert len(leftovers) == 1 and not checkpoint.numbered_checkpoints(save)
+    # resuming works, removes the dead save's temp file, and ends where an unbroken run ends
+    result = train(_job(small_corpus, save, max_updates=4))
+    assert result.updates == 4 and not leftovers[0].exists()
+    train(_job(small_corpus, tmp_path / "unbroken", max_updates=4))
+    a = checkpoint.load(save / "last.pt")["weights"]
+    b = checkpoint.load(tmp_path / "unbroken" / "last.pt")["weights"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+
+
+def test_save_fsyncs_the_file_then_the_directory(tiny_checkpoint, tmp_path, monkeypatch):
+    synced = []
+    real_fsync = os.fsync
+
+    def spy(fd):
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    checkpoint.save(checkpoint.load(tiny_checkpoint), tmp_path / "last.pt")
+    assert synced == ["file", "dir"]
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_stale_temp_files_of_dead_saves_are_removed_live_ones_kept(tmp_path):
+    dead = temp_path(tmp_path / "last.pt", pid=4_194_305)  # above Linux's largest pid: no such process
+    alive = temp_path(tmp_path / "best.pt", pid=os.getppid())
+    other = tmp_path / ".notes.tmp123"
+    for p in (dead, alive, other):
+        p.write_bytes(b"partial")
+    assert checkpoint.remove_stale_temps(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_prune_keeps_the_newest_numbered_copies(tmp_path):
+    for n in (5, 40, 300, 1000):
+        (tmp_path / f"checkpoint_u{n}.pt").write_bytes(b"x")
+    (tmp_path / "checkpoint_best.pt").write_bytes(b"x")  # not an update-numbered copy: never touched
+    removed = checkpoint.prune_numbered(tmp_path, 2)
+    assert sorted(p.name for p in removed) == ["checkpoint_u40.pt", "checkpoint_u5.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_best.pt", "checkpoint_u1000.pt", "checkpoint_u300.pt"]
