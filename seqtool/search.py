@@ -156,22 +156,27 @@ def draw(lprobs: Tensor, u: Tensor, topk: int = 0, topp: float = 1.0, temperatur
     Tokens with log-probability -inf (banned) are never drawn."""
     V = lprobs.size(1)
     scaled = lprobs.float() / temperature  # (rows, V)
+    index: Optional[Tensor] = None  # sorted order -> token id; None: the vocabulary's own order
     if 0 < topk < V:
         values, index = scaled.topk(topk, dim=1)  # (rows, k) best first
-    else:
+    elif topp < 1.0:
         values, index = scaled.sort(dim=1, descending=True)  # (rows, V)
+    else:
+        values = scaled  # the whole vocabulary: inverse-CDF sampling needs no order, so no sort
     probs = values.double().softmax(dim=1)  # (rows, n) float64: tiny masses keep their share of the CDF
-    before = probs.cumsum(dim=1) - probs  # (rows, n) mass of the better tokens
-    # Both conditions hold on a prefix of the sorted order, so the kept tokens are a prefix too.
-    keep = (before < topp) & (probs > 0)  # (rows, n)
-    keep[:, 0] = True
+    keep = probs > 0  # (rows, n)
+    if index is not None:
+        before = probs.cumsum(dim=1) - probs  # (rows, n) mass of the better tokens
+        keep &= before < topp
+        keep[:, 0] = True  # the best token, even when it alone has more than topp
     probs = probs * keep
-    cdf = probs.cumsum(dim=1)  # (rows, n)
+    cdf = probs.cumsum(dim=1)  # (rows, n) rises only at kept positions
     target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # (rows, 1) in [0, total)
-    pick = torch.searchsorted(cdf, target, right=True)  # first position whose CDF exceeds the target
-    last = keep.sum(dim=1, keepdim=True) - 1  # rounding can only push the pick past the kept tokens
-    pick = torch.minimum(pick, last)  # (rows, 1)
-    return index.gather(1, pick).squeeze(1)  # (rows,)
+    pick = torch.searchsorted(cdf, target, right=True)  # first position whose CDF exceeds the target: a kept one...
+    positions = torch.arange(probs.size(1), device=probs.device)
+    last = torch.where(keep, positions, 0).max(dim=1, keepdim=True).values  # (rows, 1)
+    pick = torch.minimum(pick, last)  # ...unless rounding put the target at the total: then the last kept
+    return (pick if index is None else index.gather(1, pick)).squeeze(1)  # (rows,)
 
 
 @torch.no_grad()
