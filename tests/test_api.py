@@ -25,7 +25,7 @@ def test_the_readme_example_runs_as_written(tiny_checkpoint, tmp_path, monkeypat
     code = _readme_example()
     paths = sorted(set(re.findall(r'"(runs/[^"]+\.pt)"', code)))
     assert len(paths) >= 2  # one model, and a second one for the ensemble
-    for i, name in enumerate(paths):  # the documented files, here copies of a tiny model
+    for name in paths:  # the documented files, here copies of a tiny model
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(tiny_checkpoint, tmp_path / name)
     (tmp_path / "news.es").write_text("a b c\nd e\nf\n", encoding="utf-8")

@@ -9,7 +9,7 @@ from seqtool.config import model_config_for
 from seqtool.model import Transformer
 from seqtool.reference import reference_logprobs
 from seqtool.search import Sampling, draw, greedy_search, sample, search, uniforms
-from test_search import BOS, EOS, NO_EOS, PAD, A, B, ScriptedModel
+from test_search import EOS, NO_EOS, PAD, A, B, ScriptedModel
 
 UNK = 1  # an ordinary token as far as search is concerned
 
