@@ -107,8 +107,12 @@ def test_api_refuses_unequal_lists(tiny_checkpoint):
     (["--score-reference", "--target", "ref.txt", "--sampling"], "drop --sampling"),
     (["--score-reference", "--target", "absent.txt"], "absent.txt: no such file"),
 ])
-def test_score_reference_option_mistakes(tiny_checkpoint, tmp_path, args, message):
+def test_score_reference_option_mistakes(tiny_checkpoint, tmp_path, monkeypatch, args, message):
+    from typer.testing import CliRunner
+
+    from seqtool.cli import app
+
     (tmp_path / "ref.txt").write_text("a\n")
-    result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), *args],
-                            input=b"a\n", capture_output=True, timeout=120, cwd=tmp_path)
-    assert result.returncode == 1 and message in result.stderr.decode(), result.stderr.decode()
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["translate", "-c", str(tiny_checkpoint), *args], input="a\n")
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output, result.output
