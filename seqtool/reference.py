@@ -161,14 +161,18 @@ def score_lines(translator, sources: Iterable[str], references: Iterable[str]) -
         ref_chunk = [_strip(line) for line in islice(ref_iter, len(src_chunk))]
         if len(ref_chunk) < len(src_chunk):
             rest = sum(1 for _ in src_iter)
-            raise mismatch("the sources", start + len(src_chunk) + rest, "the references", start + len(ref_chunk))
+            raise _unequal(start + len(src_chunk) + rest, start + len(ref_chunk))
         if not src_chunk:
             break
         yield from score_chunk(translator, start, src_chunk, ref_chunk)
         start += len(src_chunk)
     extra = sum(1 for _ in ref_iter)
     if extra:
-        raise mismatch("the sources", start, "the references", start + extra)
+        raise _unequal(start, start + extra)
+
+
+def _unequal(sources: int, references: int) -> InputError:
+    return InputError(f"{sources} sources but {references} references; give one reference per source")
 
 
 def _strip(line: str) -> str:

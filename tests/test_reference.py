@@ -95,9 +95,9 @@ def test_unequal_line_counts_are_one_clear_error(tiny_checkpoint, tmp_path):
 
 def test_api_refuses_unequal_lists(tiny_checkpoint):
     t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", chunk_lines=2))
-    with pytest.raises(InputError, match="the sources have 3 lines but the references have 2"):
+    with pytest.raises(InputError, match="3 sources but 2 references"):
         list(t.score(["a", "b", "c"], ["a", "b"]))
-    with pytest.raises(InputError, match="the sources have 2 lines but the references have 5"):
+    with pytest.raises(InputError, match="2 sources but 5 references"):
         list(t.score(["a", "b"], ["a", "b", "c", "d", "e"]))
 
 
