@@ -131,11 +131,10 @@ class Translator:
                         alignments[k] = a
             for k, h in zip(batch, hyps):
                 results[k] = h
-        out = []
-        for k, line in enumerate(lines):
-            hyps = results[k] or []
-            out.append(Translation(start + k, line, hyps, [self.tokenizer.decode(h.tokens) for h in hyps], alignments[k]))
-        return out
+        hyps_of = [results[k] or [] for k in range(len(lines))]
+        texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in hyps_of for h in hyps]))  # one call per chunk
+        return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
+                for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
 
     def translate(self, lines: Union[str, Iterable[str]]):
         """For programs that embed seqtool: one string -> its translation; a list or tuple -> a list;
