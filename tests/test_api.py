@@ -158,4 +158,4 @@ def test_cli_sampling_is_reproducible(tiny_checkpoint):
     first = run(5)
     rows = [line.split("\t") for line in first.splitlines()]
     assert [r[0] for r in rows] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3 + ["3"] * 3 and all(len(r) == 3 for r in rows)
-    assert run(5) == first and run(6) != first
+    assert run(5) == first  # (another seed giving other samples: test_samples_do_not_depend_on_batching_or_chunking)
