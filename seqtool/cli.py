@@ -250,7 +250,7 @@ def train(
 @handles_user_errors
 def translate(
     *,
-    checkpoint: Annotated[Path, typer.Option("--checkpoint", "-c", help="best.pt or last.pt from seqtool train.")],
+    checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="best.pt or last.pt from seqtool train; give it several times for an ensemble (probabilities averaged).")],
     input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Read this file instead of stdin.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write this file instead of stdout.")] = None,
     beam: Annotated[int, typer.Option("--beam", "-b", help="Beam size (1 = greedy).")] = 5,
@@ -268,6 +268,13 @@ def translate(
     precision: Precision = "fp32",
     quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
     threads: Threads = 0,
+    sampling: Annotated[bool, typer.Option("--sampling", help="Draw --nbest random translations per line instead of searching (--beam unused).")] = False,
+    topk: Annotated[int, typer.Option("--topk", help="--sampling among the K most probable tokens (0 = all).")] = 0,
+    topp: Annotated[float, typer.Option("--topp", help="--sampling among the most probable tokens whose mass reaches P (nucleus; 1.0 = all).")] = 1.0,
+    temperature: Annotated[float, typer.Option("--temperature", help="--sampling from softmax(log p / T): below 1 sharper, above 1 flatter.")] = 1.0,
+    seed: Annotated[int, typer.Option("--seed", help="--sampling: the same seed gives the same samples, whatever the batching.")] = 1,
+    score_reference: Annotated[bool, typer.Option("--score-reference", help="Score the references of --target instead of translating: index<TAB>score<TAB>reference<TAB>sum<TAB>average.")] = False,
+    target: Annotated[Optional[Path], typer.Option("--target", help="With --score-reference: one reference per input line.")] = None,
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
     from .config import DecodeConfig
@@ -276,7 +283,11 @@ def translate(
     config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
                           max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores,
                           print_alignment=print_alignment, alignment_layer=alignment_layer, device=device,
-                          precision=precision, quantize=quantize, threads=threads, errors=errors)
+                          precision=precision, quantize=quantize, threads=threads, errors=errors,
+                          sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
+                          score_reference=score_reference, target=str(target) if target is not None else "")
+    # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
+    checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is not None:
         from .textio import InputError, check_output_file
 
@@ -286,7 +297,7 @@ def translate(
         tmp = output.with_name(f".{output.name}.partial")
         try:
             with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
-                translate_file(checkpoint, config, input, handle)
+                translate_file(checkpoints, config, input, handle)
             os.replace(tmp, output)  # a partial output never looks complete
         except OSError as error:
             error.filename = error.filename or str(output)  # e.g. a full disk: name the output, not nothing
@@ -295,7 +306,7 @@ def translate(
             tmp.unlink(missing_ok=True)
     else:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
-        translate_file(checkpoint, config, input)
+        translate_file(checkpoints, config, input)
 
 
 @app.command()

@@ -174,10 +174,34 @@ class DecodeConfig(_Config):
     threads: int = 0
     chunk_lines: int = 2048  # lines read, sorted and batched together
     errors: str = "replace"  # invalid UTF-8 in the input: replace (with a warning) or strict (stop)
+    # --sampling: draw nbest samples per line instead of searching (search.py); --beam is unused
+    sampling: bool = False
+    topk: int = 0  # sample among the k most probable tokens; 0 = all
+    topp: float = 1.0  # ... and among the nucleus of this probability mass; 1.0 = all
+    temperature: float = 1.0
+    seed: int = 1  # same seed, same samples (whatever the batching: see search.py)
+    score_reference: bool = False  # score the lines of `target` instead of translating (reference.py)
+    target: str = ""  # --target FILE: one reference per input line
 
     def __post_init__(self):
         _check(self.beam >= 1, f"--beam must be >= 1, got {self.beam}")
-        _check(1 <= self.nbest <= self.beam, f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
+        if self.sampling:
+            _check(self.nbest >= 1, f"--nbest must be >= 1, got {self.nbest}")
+        else:
+            _check(1 <= self.nbest <= self.beam, f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
+        _check(self.topk >= 0, f"--topk must be >= 0 (0 = all tokens), got {self.topk}")
+        _check(0.0 < self.topp <= 1.0, f"--topp must be in (0, 1], got {self.topp}")
+        _check(self.temperature > 0.0, f"--temperature must be > 0, got {self.temperature}")
+        _check(0 <= self.seed < 2 ** 63, f"--seed must be between 0 and 2^63 - 1, got {self.seed}")
+        _check(self.sampling or (self.topk == 0 and self.topp == 1.0 and self.temperature == 1.0),
+               "--topk, --topp and --temperature shape --sampling; add --sampling")
+        _check(self.score_reference == bool(self.target),
+               "--score-reference needs --target FILE (one reference per input line)" if self.score_reference
+               else "--target FILE gives the references of --score-reference; add --score-reference")
+        if self.score_reference:
+            _check(not self.sampling, "--score-reference scores the given references; drop --sampling")
+            _check(self.nbest == 1 and not self.print_alignment,
+                   "--score-reference prints one line per input line; drop --nbest and --print-alignment")
         _check(self.batch_size >= 1, "--batch-size must be >= 1")
         _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
         _check(self.alignment_layer >= 0, f"--alignment-layer must be >= 0 (0 = the last layer), got {self.alignment_layer}")

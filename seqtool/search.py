@@ -1,4 +1,4 @@
-"""Greedy and beam search over token ids.
+"""Greedy search, beam search and sampling over token ids.
 
 Owns decoding on tensors only (no text, no I/O). Works with any model that offers
 ``encode(src) -> (memory, src_pad)``, ``new_cache(memory, src_pad)``,
@@ -10,11 +10,21 @@ starve the beam; an EOS candidate among the best `beam` is finished with score
 sum(log p) / length^lenpen (length counts the EOS); a sentence stops when it has `beam` finished
 hypotheses or reaches its maximum length (a*source + b, EOS forced). Every step is batched over
 sentences and beams; finished sentences leave the batch so later steps get cheaper.
+
+Sampling runs greedy's loop (the same KV-cached step, finished rows leave the batch) with a random
+draw instead of the arg max: N rows per sentence for N samples, each drawn from
+softmax(log p / temperature) restricted to the top-k tokens and to the nucleus (the most probable
+tokens whose mass reaches top-p). The random numbers are a hash of (seed, sentence key, sample,
+step) computed on tensors, not a generator's stream: a sentence's samples depend on the seed and
+its key (translate passes the input line number) only, never on which sentences share its batch.
+A sample's score is the model's own log-probability (temperature 1, no truncation) / length^lenpen.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
+
 import torch
 from torch import Tensor
 
@@ -50,25 +60,31 @@ def _step_lprobs(model, tokens: Tensor, cache, step: int, max_len: Tensor, min_l
     return lprobs
 
 
-@torch.no_grad()
-def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
-                  min_len: int = 1) -> list[list[Hypothesis]]:
-    """The most probable token at every step; one hypothesis per sentence."""
+def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float, max_len_b: int, lenpen: float,
+                      min_len: int) -> list[list[Hypothesis]]:
+    """`copies` rows per sentence, each extended by one token per step until its EOS, with
+    choose(lprobs (rows, V), row_ids (rows,), step) -> tokens (rows,); row_ids are indices into the
+    B x copies layout (sentence b's rows are b*copies ... b*copies + copies - 1). Hypotheses of a
+    sentence best first."""
     c = model.config
-    B = src.size(0)
+    B, N = src.size(0), copies
+    device = src.device
     memory, src_pad = model.encode(src)
     cache = model.new_cache(memory, src_pad)
-    max_len = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions)  # (B,)
+    if N > 1:
+        cache.reorder(torch.arange(B, device=device).repeat_interleave(N))  # the sentence's rows adjacent
+    max_len = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions).repeat_interleave(N)  # (B*N,)
     L = int(max_len.max()) + 1
-    alive = torch.arange(B, device=src.device)  # original sentence of each row
-    last = torch.full((B, 1), c.bos_id, dtype=torch.long, device=src.device)
-    out = torch.full((B, L), c.pad_id, dtype=torch.long, device=src.device)
-    score = torch.zeros(B, device=src.device)
-    lengths = torch.zeros(B, dtype=torch.long, device=src.device)
+    R = B * N
+    alive = torch.arange(R, device=device)  # row of each active hypothesis
+    last = torch.full((R, 1), c.bos_id, dtype=torch.long, device=device)
+    out = torch.full((R, L), c.pad_id, dtype=torch.long, device=device)
+    score = torch.zeros(R, device=device)
+    lengths = torch.zeros(R, dtype=torch.long, device=device)
     for step in range(L):
         lprobs = _step_lprobs(model, last, cache, step, max_len[alive], min_len)
-        best, token = lprobs.max(dim=-1)  # (rows,)
-        score[alive] += best
+        token = choose(lprobs, alive, step)  # (rows,)
+        score[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
         ended = token.eq(c.eos_id)
         if bool(ended.any()):
@@ -80,10 +96,106 @@ def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 2
             cache.reorder(keep)
             token = token[keep]
         last = token[:, None]
-    result = []
-    for b, (row, n, s) in enumerate(zip(out.tolist(), lengths.tolist(), score.tolist())):
-        result.append([Hypothesis(row[: n - 1], s / (n ** lenpen))])
+    result: list[list[Hypothesis]] = []
+    rows, lens, scores = out.tolist(), lengths.tolist(), score.tolist()
+    for b in range(B):
+        hyps = [Hypothesis(rows[r][: lens[r] - 1], scores[r] / (lens[r] ** lenpen)) for r in range(b * N, (b + 1) * N)]
+        hyps.sort(key=lambda h: h.score, reverse=True)
+        result.append(hyps)
     return result
+
+
+def _arg_max(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
+    return lprobs.argmax(dim=-1)  # (rows,)
+
+
+@torch.no_grad()
+def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
+                  min_len: int = 1) -> list[list[Hypothesis]]:
+    """The most probable token at every step; one hypothesis per sentence."""
+    return _one_path_per_row(model, src, 1, _arg_max, max_len_a, max_len_b, lenpen, min_len)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    topk: int = 0  # 0 = the whole vocabulary
+    topp: float = 1.0  # nucleus mass; 1.0 = no nucleus truncation
+    temperature: float = 1.0
+    seed: int = 1
+
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """A 32-bit integer hash (two xor-shift-multiply rounds) on int64 tensors. Values stay below
+    2^32 and the multiplier below 2^31, so no product overflows int64 on any device."""
+    x = x & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    x = ((x >> 16) ^ x) * 0x45D9F3B & _MASK32
+    return (x >> 16) ^ x
+
+
+def uniforms(seed: int, keys: Tensor, copies: Tensor, step: int) -> Tensor:
+    """One number in [0, 1) per row (float64, 53 random bits), a pure function of
+    (seed, key, copy, step): the same row of the same sentence draws the same number whatever else
+    is in the batch. keys, copies: (rows,) int64."""
+    h = _mix32(torch.full_like(keys, seed & _MASK32) ^ _mix32(torch.full_like(keys, seed >> 32)))
+    h = _mix32(h + _mix32(keys & _MASK32) + _mix32(keys >> 32))
+    h = _mix32(h + copies)
+    h = _mix32(h + step)
+    low = _mix32(h ^ 0x5BD1E995)  # a second 32-bit word from the same state
+    bits = (h << 21) | (low >> 11)  # (rows,) 53 bits
+    return bits.double() / float(1 << 53)
+
+
+def draw(lprobs: Tensor, u: Tensor, topk: int = 0, topp: float = 1.0, temperature: float = 1.0) -> Tensor:
+    """One token per row by inverse-CDF sampling with the numbers u (rows,) in [0, 1), from
+    softmax(lprobs / temperature) restricted to the top-k and then to the nucleus of mass topp
+    (the most probable tokens until their mass reaches topp; the best token always stays).
+    Tokens with log-probability -inf (banned) are never drawn."""
+    V = lprobs.size(1)
+    scaled = lprobs.float() / temperature  # (rows, V)
+    index: Optional[Tensor] = None  # sorted order -> token id; None: the vocabulary's own order
+    if 0 < topk < V:
+        values, index = scaled.topk(topk, dim=1)  # (rows, k) best first
+    elif topp < 1.0:
+        values, index = scaled.sort(dim=1, descending=True)  # (rows, V)
+    else:
+        values = scaled  # the whole vocabulary: inverse-CDF sampling needs no order, so no sort
+    probs = values.double().softmax(dim=1)  # (rows, n) float64: tiny masses keep their share of the CDF
+    keep = probs > 0  # (rows, n)
+    if index is not None:
+        before = probs.cumsum(dim=1) - probs  # (rows, n) mass of the better tokens
+        keep &= before < topp
+        keep[:, 0] = True  # the best token, even when it alone has more than topp
+    probs = probs * keep
+    cdf = probs.cumsum(dim=1)  # (rows, n) rises only at kept positions
+    target = (u.to(cdf.dtype) * cdf[:, -1])[:, None]  # (rows, 1) in [0, total)
+    pick = torch.searchsorted(cdf, target, right=True)  # first position whose CDF exceeds the target: a kept one...
+    positions = torch.arange(probs.size(1), device=probs.device)
+    last = torch.where(keep, positions, 0).max(dim=1, keepdim=True).values  # (rows, 1)
+    pick = torch.minimum(pick, last)  # ...unless rounding put the target at the total: then the last kept
+    return (pick if index is None else index.gather(1, pick)).squeeze(1)  # (rows,)
+
+
+@torch.no_grad()
+def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), max_len_a: float = 0.0,
+           max_len_b: int = 200, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+    """`nbest` samples per sentence, best score first. keys (B,): each sentence's identity for the
+    random numbers (default: its row); translate passes input line numbers."""
+    B = src.size(0)
+    if keys is None:
+        keys = torch.arange(B)
+    keys = keys.to(device=src.device, dtype=torch.long)
+    row_key = keys.repeat_interleave(nbest)  # (B*N,)
+    row_copy = torch.arange(nbest, device=src.device).repeat(B)  # (B*N,)
+
+    def choose(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
+        u = uniforms(sampling.seed, row_key[rows], row_copy[rows], step)  # (rows,)
+        return draw(lprobs, u, sampling.topk, sampling.topp, sampling.temperature)
+
+    return _one_path_per_row(model, src, nbest, choose, max_len_a, max_len_b, lenpen, min_len)
 
 
 @torch.no_grad()
@@ -169,8 +281,10 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
 
 
 def search(model, src: Tensor, beam: int, max_len_a: float, max_len_b: int, lenpen: float, nbest: int = 1,
-           min_len: int = 1) -> list[list[Hypothesis]]:
+           min_len: int = 1, sampling: Optional[Sampling] = None, keys: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+    """Sampling when `sampling` is given (nbest samples; beam unused), else greedy (beam 1) or beam search."""
+    if sampling is not None:
+        return sample(model, src, nbest, sampling, max_len_a, max_len_b, lenpen, min_len, keys)
     if beam == 1:
         return greedy_search(model, src, max_len_a, max_len_b, lenpen, min_len)
     return beam_search(model, src, beam, max_len_a, max_len_b, lenpen, nbest, min_len)
-

@@ -68,6 +68,12 @@ class Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([i for i in ids if i > EOS_ID or i == UNK_ID])
 
+    def decode_batch(self, seqs: Sequence[Iterable[int]]) -> list[str]:
+        """decode() of each sequence, in one sentencepiece call (translate decodes a chunk at once)."""
+        if not seqs:
+            return []
+        return self.sp.decode([[i for i in ids if i > EOS_ID or i == UNK_ID] for ids in seqs])
+
 
 def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerConfig) -> Path:
     """Train a joint model over all `files`; writes PREFIX.model and PREFIX.vocab; returns the .model path."""

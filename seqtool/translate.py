@@ -4,7 +4,13 @@ Owns the path from lines of text to lines of translation: a bounded chunk of lin
 (when input pauses, what has arrived is translated within ~50 ms rather than waiting for a full
 chunk), tokenized, cropped to the model's positions with a warning, sorted by length, batched
 under --max-tokens / --batch-size, searched, put back in input order, detokenized, written and
-flushed. `Translator` is also the Python API for programs that embed seqtool.
+flushed. `Translator` is also the Python API for programs that embed seqtool
+(`from seqtool import Translator`).
+
+The reader thread reads blocks of bytes (at most BLOCK_BYTES, whatever has arrived on a pipe)
+and hands over lists of lines through a queue of at most QUEUE_BLOCKS blocks, so memory is
+bounded by a chunk plus a few blocks whatever the input's size, and a million lines cost a
+few thousand queue operations rather than a million.
 """
 
 from __future__ import annotations
@@ -14,19 +20,21 @@ import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator, Optional, TextIO
+from typing import BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Union
 
 import torch
 
-from . import checkpoint, log, precision
+from . import ensemble, log, precision
 from .attention import align_hypotheses, format_alignment, resolve_layer
 from .config import DecodeConfig
-from .search import Hypothesis, search
+from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
 from .train import pick_device
 
 IDLE_FLUSH_SECONDS = 0.05
+BLOCK_BYTES = 1 << 16  # the reader's largest read
+QUEUE_BLOCKS = 8  # blocks of lines read ahead of translation
 _NEXT = object()  # no pending end or error: read on
 
 
@@ -40,28 +48,36 @@ class Translation:
 
 
 class Translator:
-    """Load a checkpoint once, translate many lines.
+    """Load a checkpoint (or an ensemble of several) once, translate many lines.
 
-    >>> t = Translator.load("run/best.pt", DecodeConfig(beam=5))   # or DecodeConfig(quantize="int8")
-    >>> t.translate(["Hola mundo."])
+    >>> t = Translator.load("run/best.pt", beam=5)        # any DecodeConfig field, e.g. quantize="int8"
+    >>> t.translate(["Hola mundo."])                       # a list in, a list out
     """
 
     def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device):
         self.model, self.tokenizer, self.config, self.device = model, tokenizer, config, device
         self.max_src = model.config.max_positions - 1  # room for the EOS
+        # attention weights come from one network: an ensemble's first member aligns
+        self.aligner = model.models[0] if isinstance(model, ensemble.Ensemble) else model
+        self.sampling = Sampling(config.topk, config.topp, config.temperature, config.seed) if config.sampling else None
         if config.print_alignment:
-            resolve_layer(config.alignment_layer, model.config.decoder_layers, "--alignment-layer")  # fail before reading input
+            resolve_layer(config.alignment_layer, self.aligner.config.decoder_layers, "--alignment-layer")  # fail before reading input
 
     @classmethod
-    def load(cls, path: Path, config: Optional[DecodeConfig] = None) -> "Translator":
+    def load(cls, path: Union[str, Path, Sequence[Union[str, Path]]], config: Optional[DecodeConfig] = None,
+             **options) -> "Translator":
+        """path: a checkpoint, or a list of checkpoints to translate with as an ensemble.
+        options: DecodeConfig fields, applied over `config` (e.g. beam=5, nbest=2, sampling=True)."""
         config = config or DecodeConfig()
+        if options:
+            config = DecodeConfig.from_dict({**config.to_dict(), **options})
         if config.threads:
             torch.set_num_threads(config.threads)
         device = pick_device(config.device)
         precision.check(device, config.precision, config.quantize)
-        ckpt = checkpoint.load(Path(path))
-        model = precision.prepare(checkpoint.load_model(ckpt, device), device, config.precision, config.quantize)
-        tokenizer = Tokenizer(checkpoint.tokenizer_bytes(ckpt), f"{path} (tokenizer)")
+        paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
+        model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
+        tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
         return cls(model, tokenizer, config, device)
 
     def _encode(self, start: int, lines: list[str]) -> list[list[int]]:
@@ -87,6 +103,13 @@ class Translator:
         if batch:
             yield batch
 
+    def source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
+        """(B, S) ids + EOS, right-padded, on the device: what search and scoring take."""
+        pad, eos = self.model.config.pad_id, self.model.config.eos_id
+        S = max(len(r) for r in rows) + 1
+        padded = [r + [eos] + [pad] * (S - 1 - len(r)) for r in rows]
+        return torch.tensor(padded, dtype=torch.long).to(self.device)  # (B, S)
+
     def translate_chunk(self, start: int, lines: list[str]) -> list[Translation]:
         """Translate lines numbered start, start+1, ...; results in the same order."""
         return self.translate_ids(start, lines, self._encode(start, lines))
@@ -94,7 +117,7 @@ class Translator:
     def translate_ids(self, start: int, lines: list[str], ids: list[list[int]]) -> list[Translation]:
         """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
         validation passes the valid split's ids here, so it decodes exactly as translate does)."""
-        c, pad, eos = self.config, self.model.config.pad_id, self.model.config.eos_id
+        c = self.config
         ids = [seq[: self.max_src] for seq in ids]  # _encode crops with a warning; stored ids silently
         results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
         alignments: list[Optional[list]] = [None] * len(lines)
@@ -102,28 +125,42 @@ class Translator:
         lengths = [len(x) for x in ids]
         todo.sort(key=lambda k: lengths[k], reverse=True)
         for batch in self._batches(todo, lengths):
-            S = max(lengths[k] for k in batch) + 1
-            src = torch.full((len(batch), S), pad, dtype=torch.long)
-            for row, k in enumerate(batch):
-                src[row, : lengths[k]] = torch.tensor(ids[k])
-                src[row, lengths[k]] = eos
-            src = src.to(self.device)
+            src = self.source_tensor([ids[k] for k in batch])  # (b, S)
+            # the input line numbers seed each sentence's samples: the batching does not matter
+            keys = torch.tensor([start + k for k in batch]) if self.sampling else None
             with torch.inference_mode():  # the model is already in its decoding precision (precision.py)
-                hyps = search(self.model, src, c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest)
+                hyps = search(self.model, src, c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest,
+                              sampling=self.sampling, keys=keys)
                 if c.print_alignment:  # one forced pass over the final hypotheses; search is untouched
-                    for k, a in zip(batch, align_hypotheses(self.model, src, hyps, c.alignment_layer)):
+                    for k, a in zip(batch, align_hypotheses(self.aligner, src, hyps, c.alignment_layer)):
                         alignments[k] = a
             for k, h in zip(batch, hyps):
                 results[k] = h
-        out = []
-        for k, line in enumerate(lines):
-            hyps = results[k] or []
-            out.append(Translation(start + k, line, hyps, [self.tokenizer.decode(h.tokens) for h in hyps], alignments[k]))
-        return out
+        hyps_of = [results[k] or [] for k in range(len(lines))]
+        texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in hyps_of for h in hyps]))  # one call per chunk
+        return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
+                for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
 
-    def translate(self, lines: Iterable[str]) -> list[str]:
-        """Best translation of each line (for programs that embed seqtool)."""
-        return [t.texts[0] if t.texts else "" for t in self.translate_stream(lines)]
+    def translate(self, lines: Union[str, Iterable[str]]):
+        """For programs that embed seqtool: one string -> its translation; a list or tuple -> a list;
+        any other iterable (a file, a generator) -> a lazy iterator that reads `chunk_lines` lines
+        ahead. With nbest > 1 each translation is a list of nbest strings, best first."""
+        if isinstance(lines, str):
+            return self._texts(next(iter(self.translate_stream([lines]))))
+        results = (self._texts(t) for t in self.translate_stream(lines))
+        return list(results) if isinstance(lines, (list, tuple)) else results
+
+    def _texts(self, t: Translation):
+        if self.config.nbest == 1:
+            return t.texts[0] if t.texts else ""
+        return list(t.texts) or [""] * self.config.nbest
+
+    def score(self, sources: Iterable[str], references: Iterable[str]):
+        """The model's log-probability of each reference given its source (as --score-reference):
+        ReferenceScore objects (.logprob, .average, .score(lenpen), .text), lazily a chunk at a time."""
+        from .reference import score_lines
+
+        return score_lines(self, sources, references)
 
     def translate_stream(self, lines: Iterable[str]) -> Iterator[Translation]:
         chunk: list[str] = []
@@ -158,18 +195,39 @@ def format_translation(t: Translation, config: DecodeConfig) -> str:
 
 
 class _LineReader:
-    """Reads lines (\\n only) in a thread, so the main loop can stop waiting after a short pause."""
+    """Reads lines (\\n only) in a thread, a block at a time, so the main loop can stop waiting
+    after a short pause and a long input costs few queue operations."""
 
-    def __init__(self, stream: BinaryIO, name: str, maxsize: int, errors: str = "replace"):
-        self.queue: queue.Queue = queue.Queue(maxsize=maxsize)
+    def __init__(self, stream: BinaryIO, name: str, errors: str = "replace", max_blocks: int = QUEUE_BLOCKS):
+        self.queue: queue.Queue = queue.Queue(maxsize=max_blocks)
         self.stream, self.decode = stream, LineDecoder(name, errors)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        # read1 returns what a pipe has (at least one byte) instead of waiting for a full block
+        read = getattr(self.stream, "read1", None) or self.stream.read
+        tail: list[bytes] = []  # the start of a line whose \n has not arrived yet
+        lineno = 0
         try:
-            for lineno, raw in enumerate(self.stream, start=1):
-                self.queue.put(self.decode(raw, lineno))
+            while block := read(BLOCK_BYTES):
+                if b"\n" not in block:
+                    tail.append(block)
+                    continue
+                raws = (b"".join(tail) + block).split(b"\n") if tail else block.split(b"\n")
+                rest = raws.pop()  # after the last \n: empty, or a line still arriving
+                tail = [rest] if rest else []
+                lines = []
+                try:
+                    for raw in raws:
+                        lineno += 1
+                        lines.append(self.decode(raw, lineno))
+                finally:  # lines before an undecodable one are still translated, then the error
+                    if lines:
+                        self.queue.put(lines)
+            if tail:
+                lineno += 1
+                self.queue.put([self.decode(b"".join(tail), lineno)])
             self.decode.finish()
         except BaseException as error:  # handed to the main thread, which reports it
             self.queue.put(error)
@@ -177,37 +235,58 @@ class _LineReader:
 
     def chunks(self, size: int) -> Iterator[list[str]]:
         """Lists of up to `size` lines. The end of input (None) or the reader's error is acted on
-        after the chunk of lines read before it."""
-        item = self.queue.get()
-        while item is not None:
-            if isinstance(item, BaseException):
-                raise item
-            chunk, item = [item], _NEXT
-            while len(chunk) < size:
+        after the lines read before it."""
+        lines: list[str] = []  # read, not yet handed out
+        end = _NEXT
+        while True:
+            if not lines and end is _NEXT:
+                item = self.queue.get()  # wait as long as it takes for the first line
+                if item is None or isinstance(item, BaseException):
+                    end = item
+                else:
+                    lines = item
+            while len(lines) < size and end is _NEXT:
                 try:
-                    following = self.queue.get(timeout=IDLE_FLUSH_SECONDS)
+                    item = self.queue.get(timeout=IDLE_FLUSH_SECONDS)
                 except queue.Empty:
                     break  # input paused: translate what has arrived
-                if following is None or isinstance(following, BaseException):
-                    item = following
-                    break
-                chunk.append(following)
-            yield chunk
-            if item is _NEXT:
-                item = self.queue.get()
+                if item is None or isinstance(item, BaseException):
+                    end = item
+                else:
+                    lines.extend(item)
+            if lines:
+                yield lines[:size]
+                lines = lines[size:]
+            elif end is None:
+                return
+            elif end is not _NEXT:
+                raise end
 
 
-def translate_file(checkpoint_path: Path, config: DecodeConfig, input_path: Optional[Path] = None,
+def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeConfig, input_path: Optional[Path] = None,
                    output: Optional[TextIO] = None) -> int:
-    """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines."""
-    # the input first: a missing file or a closed stdin is reported before the model loads
+    """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines.
+
+    checkpoint_path: one checkpoint, or several for an ensemble. With config.score_reference, the
+    lines of config.target are scored instead (reference.py)."""
+    # the inputs first: a missing file or a closed stdin is reported before the model loads
     if input_path is not None:
         stream, name = open_binary(input_path), str(input_path)
     else:
         stream, name = open_stdin(), "<stdin>"
+    if config.score_reference:
+        from .reference import check_line_counts
+
+        open_binary(Path(config.target)).close()
+        if input_path is not None:
+            check_line_counts(input_path, Path(config.target))
     translator = Translator.load(checkpoint_path, config)
     output = output or sys.stdout
-    reader = _LineReader(stream, name, maxsize=4 * config.chunk_lines, errors=config.errors)
+    reader = _LineReader(stream, name, errors=config.errors)
+    if config.score_reference:
+        from .reference import score_stream
+
+        return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
     count = 0
     for chunk in reader.chunks(config.chunk_lines):
         for t in translator.translate_chunk(count, chunk):
