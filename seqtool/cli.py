@@ -163,10 +163,13 @@ def train(
     max_epochs: Annotated[Optional[int], typer.Option("--max-epochs")] = None,
     max_time: Annotated[Optional[str], typer.Option("--max-time", help="Wall-clock limit, e.g. 20m, 1.5h.")] = None,
     validate_interval_updates: Annotated[Optional[int], typer.Option("--validate-interval-updates", help="Also validate every N updates.")] = None,
-    precision: Precision = "fp32",
+    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU), fp32, bf16 or fp16 (with loss scaling).")] = "auto",
     device: Device = "auto",
     seed: Annotated[int, typer.Option("--seed")] = 1,
     threads: Threads = 0,
+    update_freq: Annotated[Optional[int], typer.Option("--update-freq", help="Batches of --max-tokens accumulated into one update (per process) [default: 1].")] = None,
+    dist_timeout: Annotated[Optional[float], typer.Option("--dist-timeout", help="Seconds a process waits for the others under torchrun before the job fails [default: 600].")] = None,
+    compile_model: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the model (falls back to eager where it cannot) [default: no].")] = None,
     pre_norm: Annotated[Optional[bool], typer.Option("--pre-norm/--post-norm", help="Layer norm placement (paper: post).")] = None,
     src: SrcLang = None,
     tgt: TgtLang = None,
@@ -192,7 +195,8 @@ def train(
         if value is not None:
             optim_over[key] = value
     for key, value in (("max_tokens", max_tokens), ("max_updates", max_updates), ("max_epochs", max_epochs),
-                       ("validate_interval_updates", validate_interval_updates)):
+                       ("validate_interval_updates", validate_interval_updates), ("update_freq", update_freq),
+                       ("dist_timeout", dist_timeout), ("compile", compile_model)):
         if value is not None:
             train_over[key] = value
     if max_time is not None:
@@ -213,6 +217,8 @@ def train(
     job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),
                    train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw, force=force)
     result = run(job)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun the summary is rank 0's to print
+        return
     typer.echo(
         f"{result.updates} updates, {result.epochs:.2f} epochs in {result.train_seconds:.0f}s "
         f"({result.tokens_per_second:,.0f} target tokens/s); best valid loss {result.best_valid_loss:.3f}; "
