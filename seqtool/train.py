@@ -361,8 +361,7 @@ class Trainer:
         except KeyboardInterrupt:
             progress.close()
             self._save(float("inf"), gather=False)  # not validated: never replaces best.pt
-            if self.dist.is_main:
-                log.warn(f"interrupted at update {st['updates']}: saved {self.paths.last}; run the same command again to resume")
+            log.warn(f"interrupted at update {st['updates']}: saved {self.paths.last}; run the same command again to resume")
             raise
         except update.OutOfMemoryError:
             progress.close()
