@@ -426,8 +426,8 @@ def _without(configs: dict) -> dict:
 
 
 def train(job: TrainJob) -> TrainResult:
-    try:
-        return Trainer(job).run()
-    finally:
-        distributed.close()
+    result = Trainer(job).run()
+    # after an error the process exits instead: leaving a group whose other ranks died can block
+    distributed.close()
+    return result
 
