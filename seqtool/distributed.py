@@ -248,9 +248,10 @@ def update_batches(shard: list, update_freq: int) -> list[list]:
     return [shard[k * update_freq:(k + 1) * update_freq] for k in range(n)]
 
 
-def resume_position(updates_done: int, saved_world: int, world: int, update_freq: int) -> int:
-    """Updates already made in the current epoch, converted to a new number of processes: the
-    same count of global batches consumed, rounded up (a few batches of that epoch are skipped)."""
+def resume_position(updates_done: int, saved_world: int, world: int) -> int:
+    """Updates already made in the current epoch, converted to a new number of processes (the
+    same --update-freq, which resume requires): the same count of global batches consumed,
+    rounded up (a few batches of that epoch are skipped)."""
     if saved_world == world:
         return updates_done
     return math.ceil(updates_done * saved_world / world)

@@ -206,7 +206,7 @@ class Trainer:
         saved_world = ts.get("world_size", 1)
         if saved_world != self.dist.world_size:
             self.state["batch_in_epoch"] = distributed.resume_position(self.state["batch_in_epoch"], saved_world,
-                                                                       self.dist.world_size, self.train_config.update_freq)
+                                                                       self.dist.world_size)
             log.warn(f"{self.paths.last} was trained by {saved_world} process(es), now {self.dist.world_size}: the batch per "
                      f"update changes, and the run is not the one it would have been (resumed at update "
                      f"{self.state['batch_in_epoch']} of epoch {self.state['epoch']})")

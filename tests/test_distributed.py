@@ -84,9 +84,9 @@ def test_update_k_micro_batch_j_of_rank_r_is_global_batch_kWF_plus_jW_plus_r(n_b
 
 
 def test_resume_position_with_another_number_of_processes():
-    assert distributed.resume_position(5, 2, 2, 1) == 5
-    assert distributed.resume_position(5, 2, 4, 1) == 3  # 10 batches consumed -> 2.5 updates of 4, rounded up
-    assert distributed.resume_position(3, 4, 1, 2) == 12
+    assert distributed.resume_position(5, 2, 2) == 5
+    assert distributed.resume_position(5, 2, 4) == 3  # 10 batches consumed -> 2.5 updates of 4, rounded up
+    assert distributed.resume_position(3, 4, 1) == 12
 
 
 def test_update_freq_larger_than_an_epoch_is_a_clear_error(data_dir, tmp_path):
