@@ -28,6 +28,14 @@ CLI_SETTINGS = ["--arch", "tiny", "--dropout", "0", "--warmup", "2", "--max-toke
                 "--threads", "1", "--device", "cpu", "--seed", "3"]
 
 
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """train(--threads N) sets torch's global thread count: give later tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("distributed")
@@ -103,12 +111,8 @@ def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_p
     """2 ranks x F micro-batches = 1 process x 2F micro-batches on the same batches (the all-reduce
     replaces the accumulation; with F = 2 the first micro-batch runs under no_sync)."""
     one = tmp_path / "one"
-    threads = torch.get_num_threads()
-    try:
-        train(TrainJob(save_dir=one, model=model_config_for("tiny", dropout=0.0), optim=OptimConfig(warmup=2),
-                       train=TrainConfig(**dict(SETTINGS, update_freq=one_update_freq)), data_dir=data_dir))
-    finally:
-        torch.set_num_threads(threads)
+    train(TrainJob(save_dir=one, model=model_config_for("tiny", dropout=0.0), optim=OptimConfig(warmup=2),
+                   train=TrainConfig(**dict(SETTINGS, update_freq=one_update_freq)), data_dir=data_dir))
     two = tmp_path / "two"
     result = torchrun(2, data_dir, "--save-dir", two, "--update-freq", ranks_update_freq, *CLI_SETTINGS)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -24,6 +24,14 @@ CPU = torch.device("cpu")
 V = 40
 
 
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """train(--threads N) sets torch's global thread count: give later tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("update")
