@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import gzip
 import json
 import math
@@ -109,6 +110,7 @@ def run_one(bin_dir: Path, work: Path, arch: str, precision: str, updates: int, 
     for name in ("last.pt", "best.pt", "metrics.jsonl", "config.json"):  # never resume an earlier run
         (save / name).unlink(missing_ok=True)
     device = "cpu" if a.dry_run else "cuda"
+    gc.collect()  # the previous run's model and optimizer state
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
