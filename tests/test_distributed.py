@@ -15,8 +15,9 @@ import torch
 
 from seqtool import checkpoint, distributed
 from seqtool.binarize import SplitSpec, binarize
-from seqtool.config import ConfigError, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
+from seqtool.config import ConfigError, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
 from seqtool.data import shard_batches
+from seqtool.model import Transformer
 from seqtool.tokenizer import train_tokenizer
 from seqtool.train import TrainJob, train
 
@@ -106,15 +107,24 @@ def test_update_freq_larger_than_an_epoch_is_a_clear_error(data_dir, tmp_path):
 
 
 # ---- two processes on CPU (gloo) -------------------------------------------------------------
-@pytest.mark.parametrize("ranks_update_freq, one_update_freq", [(1, 2), (2, 4)])
-def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_path, ranks_update_freq, one_update_freq):
+@pytest.mark.parametrize("ranks_update_freq, one_update_freq, sgd_like", [(1, 2, False), (2, 4, True)])
+def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_path, ranks_update_freq, one_update_freq, sgd_like):
     """2 ranks x F micro-batches = 1 process x 2F micro-batches on the same batches (the all-reduce
-    replaces the accumulation; with F = 2 the first micro-batch runs under no_sync)."""
+    replaces the accumulation; with F = 2 the first micro-batch runs under no_sync).
+
+    Adam's first steps are nearly sign(gradient) x lr, blind to how the gradient is scaled; with
+    eps = 1 and no clipping (sgd_like) an update is close to lr x gradient, so comparing the weight
+    changes also checks that the loss is normalised by the target tokens of all ranks."""
+    optim = dict(warmup=2, lr=0.01, eps=1.0, clip_norm=0.0) if sgd_like else dict(warmup=2)
     one = tmp_path / "one"
-    train(TrainJob(save_dir=one, model=model_config_for("tiny", dropout=0.0), optim=OptimConfig(warmup=2),
+    train(TrainJob(save_dir=one, model=model_config_for("tiny", dropout=0.0), optim=OptimConfig(**optim),
                    train=TrainConfig(**dict(SETTINGS, update_freq=one_update_freq)), data_dir=data_dir))
     two = tmp_path / "two"
-    result = torchrun(2, data_dir, "--save-dir", two, "--update-freq", ranks_update_freq, *CLI_SETTINGS)
+    options = list(CLI_SETTINGS)
+    if sgd_like:
+        (tmp_path / "optim.toml").write_text("[optim]\nlr = 0.01\neps = 1.0\nclip_norm = 0.0\n")
+        options += ["--config", tmp_path / "optim.toml"]
+    result = torchrun(2, data_dir, "--save-dir", two, "--update-freq", ranks_update_freq, *options)
     assert result.returncode == 0, result.stderr[-3000:]
 
     a, b = checkpoint.load(one / "last.pt"), checkpoint.load(two / "last.pt")
@@ -124,6 +134,13 @@ def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_p
     assert pa["train_tokens"] == pb["train_tokens"]  # the same batches, counted over both ranks
     for name, value in a["weights"].items():
         torch.testing.assert_close(b["weights"][name], value, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    if sgd_like:  # the changes themselves agree, not only the weights
+        torch.manual_seed(SETTINGS["seed"])  # the initial weights, as train() makes them
+        initial = checkpoint.model_state(Transformer(ModelConfig.from_dict(a["configs"]["model"])))
+        for name, value in a["weights"].items():
+            change_one, change_two = value - initial[name], b["weights"][name] - initial[name]
+            assert change_one.abs().max() > 0 or name.endswith("norm.weight") or name.endswith("norm.bias"), name
+            torch.testing.assert_close(change_two, change_one, rtol=1e-3, atol=2e-7, msg=lambda m: f"{name}: {m}")
 
     # rank 0 alone wrote: one summary line, no duplicated records; both ranks' RNG states saved
     assert result.stderr.count("updates, ") == 1, result.stderr[-3000:]
