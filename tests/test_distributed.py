@@ -140,7 +140,7 @@ def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_p
         for name, value in a["weights"].items():
             change_one, change_two = value - initial[name], b["weights"][name] - initial[name]
             assert change_one.abs().max() > 0 or name.endswith("norm.weight") or name.endswith("norm.bias"), name
-            torch.testing.assert_close(change_two, change_one, rtol=1e-3, atol=2e-7, msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(change_two, change_one, rtol=1e-3, atol=5e-7, msg=lambda m: f"{name}: {m}")
 
     # rank 0 alone wrote: one summary line, no duplicated records; both ranks' RNG states saved
     assert result.stderr.count("updates, ") == 1, result.stderr[-3000:]
