@@ -174,10 +174,13 @@ def train(
     keep_last: Annotated[Optional[int], typer.Option("--keep-last", help="Keep the newest K copies checkpoint_u<UPDATES>.pt written every --save-interval-updates.")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Also log to TensorBoard in this directory (pip install 'seqtool[tensorboard]').")] = None,
     finetune: Annotated[Optional[Path], typer.Option("--finetune", help="Start from this checkpoint's weights, model and tokenizer, with fresh optimizer, schedule and progress.")] = None,
-    precision: Precision = "fp32",
+    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU), fp32, bf16 or fp16 (with loss scaling).")] = "auto",
     device: Device = "auto",
     seed: Annotated[int, typer.Option("--seed")] = 1,
     threads: Threads = 0,
+    update_freq: Annotated[Optional[int], typer.Option("--update-freq", help="Batches of --max-tokens accumulated into one update (per process) [default: 1].")] = None,
+    dist_timeout: Annotated[Optional[float], typer.Option("--dist-timeout", help="Seconds a process waits for the others under torchrun before the job fails [default: 600].")] = None,
+    compile_model: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the model (falls back to eager where it cannot) [default: no].")] = None,
     pre_norm: Annotated[Optional[bool], typer.Option("--pre-norm/--post-norm", help="Layer norm placement (paper: post).")] = None,
     src: SrcLang = None,
     tgt: TgtLang = None,
@@ -208,7 +211,9 @@ def train(
                        ("eval_bleu_beam", eval_bleu_beam), ("eval_bleu_lenpen", eval_bleu_lenpen),
                        ("eval_bleu_max_len_a", eval_bleu_max_len_a), ("eval_bleu_max_len_b", eval_bleu_max_len_b),
                        ("best_metric", best_metric), ("patience", patience), ("save_interval_updates", save_interval_updates),
-                       ("keep_last", keep_last), ("tensorboard_dir", str(tensorboard) if tensorboard else None)):
+                       ("keep_last", keep_last), ("tensorboard_dir", str(tensorboard) if tensorboard else None),
+                       ("update_freq", update_freq),
+                       ("dist_timeout", dist_timeout), ("compile", compile_model)):
         if value is not None:
             train_over[key] = value
     if max_time is not None:
@@ -236,6 +241,8 @@ def train(
     job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),
                    train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw, force=force, finetune=tune)
     result = run(job)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun the summary is rank 0's to print
+        return
     best = "" if result.best_metric == "loss" else f"; best valid {result.best_metric} {result.best_value:.2f}"
     typer.echo(
         f"{result.updates} updates, {result.epochs:.2f} epochs in {result.train_seconds:.0f}s "

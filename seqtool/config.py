@@ -120,7 +120,7 @@ class TrainConfig(_Config):
     max_time: float = 0.0  # seconds; 0 = no limit
     validate_interval_updates: int = 0  # 0 = once per epoch only
     log_interval: float = 10.0  # seconds between plain log lines when stderr is not a terminal
-    precision: str = "fp32"
+    precision: str = "auto"  # auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU (update.py)
     device: str = "auto"
     seed: int = 1
     threads: int = 0  # 0 = torch's default
@@ -138,6 +138,9 @@ class TrainConfig(_Config):
     save_interval_updates: int = 0  # also write last.pt every N updates; 0 = at validations only
     keep_last: int = 0  # keep the newest K update-numbered copies checkpoint_u<N>.pt; 0 = none
     tensorboard_dir: str = ""  # also write TensorBoard scalars here
+    update_freq: int = 1  # micro-batches accumulated per update (per rank)
+    dist_timeout: float = 600.0  # seconds a rank waits for the others before the job fails (distributed.py)
+    compile: bool = False  # torch.compile the model; falls back to eager where it cannot
 
     def __post_init__(self):
         _check(self.best_metric in ("loss", "bleu", "chrf"), f"--best-metric must be loss, bleu or chrf, got {self.best_metric!r}")
@@ -150,9 +153,11 @@ class TrainConfig(_Config):
         _check(self.keep_last == 0 or self.save_interval_updates > 0,
                "--keep-last keeps the copies written every --save-interval-updates N; give --save-interval-updates too")
         _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
-        _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
+        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"--precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
                f"--device must be auto, cpu or cuda, got {self.device!r}")
+        _check(self.update_freq >= 1, f"--update-freq must be >= 1, got {self.update_freq}")
+        _check(self.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
         _check(self.max_updates >= 0 and self.max_epochs >= 0 and self.max_time >= 0, "limits must be >= 0")
 
 

@@ -36,12 +36,15 @@ def open_summary_writer(directory: Path):
 class MetricsLog:
     """metrics.jsonl (always) plus TensorBoard scalars (when a directory is given)."""
 
-    def __init__(self, path: Path, tensorboard_dir: Optional[Path] = None):
+    def __init__(self, path: Path, tensorboard_dir: Optional[Path] = None, enabled: bool = True):
         self.path = Path(path)
-        self.writer = open_summary_writer(tensorboard_dir) if tensorboard_dir else None
+        self.enabled = enabled  # False on every rank but 0: only rank 0 writes
+        self.writer = open_summary_writer(tensorboard_dir) if tensorboard_dir and enabled else None
 
     def write(self, record: dict[str, Any]) -> None:
         """Append one record; `kind` and `update` are required."""
+        if not self.enabled:
+            return
         clean = {k: _finite_or_none(v) for k, v in record.items()}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(clean) + "\n")

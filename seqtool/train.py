@@ -1,13 +1,14 @@
 """The training loop.
 
-Owns one training run: model and optimizer set-up, autocast (bf16, or fp16 with a gradient
-scaler), the inverse-square-root LR schedule, gradient clipping, validation, early stopping
-limits (updates, epochs, wall clock), checkpoints (last.pt with training state, best.pt without,
-update-numbered copies), and resuming a run from last.pt when the configuration matches. What a
-validation measures and when it stops a run is validate.py's; where the numbers go, metrics.py's;
-what --finetune takes from its checkpoint, finetune.py's. Training on raw parallel files first
-trains a tokenizer (or takes the --finetune checkpoint's) and binarizes into SAVE_DIR/data
-through the same code.
+Owns one training run: model and optimizer set-up, the inverse-square-root LR schedule,
+validation, early stopping limits (updates, epochs, wall clock), checkpoints (last.pt with
+training state, best.pt without, update-numbered copies), and resuming a run from last.pt when
+the configuration matches. One update (precision, loss scaling, accumulation, clipping,
+--compile) is update.py's; several processes (torchrun, DDP, which rank gets which batch)
+distributed.py's; what a validation measures and when it stops a run, validate.py's; where the
+numbers go, metrics.py's; what --finetune takes from its checkpoint, finetune.py's. Training on
+raw parallel files first trains a tokenizer (or takes the --finetune checkpoint's) and binarizes
+into SAVE_DIR/data through the same code.
 """
 
 from __future__ import annotations
@@ -18,26 +19,27 @@ import math
 import signal
 import threading
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
-from . import checkpoint, finetune, log, validate
+from . import checkpoint, distributed, finetune, log, update, validate
 from .binarize import SplitSpec, binarize
 from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
 from .metrics import MetricsLog
-from .model import Transformer, label_smoothed_nll
+from .model import Transformer
+from .update import autocast as autocast_for
 from .textio import InputError
 from .tokenizer import Tokenizer, train_tokenizer
 
 # Settings that may change when a run is resumed: limits and where/how fast it runs.
 RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",
                      "patience", "save_interval_updates", "keep_last", "tensorboard_dir", "eval_bleu", "eval_bleu_beam",
-                     "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b"}
+                     "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b",
+                     "dist_timeout", "compile"}
 
 
 @dataclass
@@ -96,13 +98,6 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast_for(device: torch.device, precision: str):
-    if precision == "fp32":
-        return nullcontext()
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
-
 def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path:
     """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them); with
     --finetune, the checkpoint's tokenizer instead of a new one."""
@@ -140,11 +135,17 @@ class Trainer:
         self.job = job
         self.paths = RunPaths(job.save_dir)
         cfg = job.train
-        self.device = pick_device(cfg.device)
+        env = distributed.environment()
+        self.device = distributed.device_for(env, pick_device(cfg.device))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         source = finetune.load_source(job.finetune) if job.finetune is not None else None
-        data_dir = prepare_raw(job, source) if job.raw is not None else Path(job.data_dir)
+        self.dist = distributed.start(env, self.device, cfg.dist_timeout)
+        if job.raw is not None:  # rank 0 prepares SAVE_DIR/data, the others wait for it
+            data_dir = prepare_raw(job, source) if self.dist.is_main else Path(job.save_dir) / "data"
+            self.dist.barrier(f"waiting for rank 0 to prepare {data_dir}")
+        else:
+            data_dir = Path(job.data_dir)
         self.data_dir = data_dir
         self.meta = read_meta(data_dir)
         check_languages(data_dir, self.meta, cfg)
@@ -162,31 +163,35 @@ class Trainer:
         sp = self.meta["special_ids"]
         base_model = source.model_config if source is not None else job.model
         self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
-        self.train_config = cfg.replace(src_lang=self.meta["src_lang"], tgt_lang=self.meta["tgt_lang"])
+        precision = update.resolve_precision(cfg.precision, self.device)  # "auto" -> what this device runs
+        self.train_config = cfg.replace(src_lang=self.meta["src_lang"], tgt_lang=self.meta["tgt_lang"], precision=precision)
         self.configs = {"model": self.model_config.to_dict(), "optim": job.optim.to_dict(), "train": self.train_config.to_dict()}
         if source is not None:
             self.configs["finetune"] = source.describe()
-        if cfg.precision == "fp16" and self.device.type == "cpu":
+        if precision == "fp16" and self.device.type == "cpu":
             log.warn("fp16 on CPU is slow and only useful for testing; bf16 is the fast CPU format")
 
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = Transformer(self.model_config)
         if source is not None:
             finetune.load_weights(self.model, source)
             log.info(f"fine-tuning the weights of {source.path}")
         self.model.to(self.device)
-        o = job.optim
-        kwargs: dict[str, Any] = dict(lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
-        try:  # one fused kernel for all parameters (CPU and CUDA in torch >= 2.4)
-            self.optimizer = torch.optim.Adam(self.model.parameters(), fused=True, **kwargs)
-        except (RuntimeError, TypeError):
-            self.optimizer = torch.optim.Adam(self.model.parameters(), foreach=True, **kwargs)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision == "fp16")
+        if self.dist.rank:  # dropout differs between ranks; data order is shared (seeded by cfg.seed)
+            torch.manual_seed(distributed.rank_seed(cfg.seed, self.dist.rank))
+        self.optimizer = update.build_optimizer(self.model.parameters(), job.optim)
+        loss_fn = update.TrainingLoss(self.model, job.optim.label_smoothing)
+        self.updater = update.Updater(loss_fn, self.optimizer, self.device, precision, job.optim.clip_norm,
+                                      ddp=self.dist.wrap(loss_fn), compile=cfg.compile)
+        self.scaler = self.updater.scaler
+        # batch_in_epoch: updates made in the current epoch (each of update_freq x ranks batches)
         self.state = {"updates": 0, "epoch": 1, "batch_in_epoch": 0, "best_valid_loss": float("inf"),
                       "train_seconds": 0.0, "train_tokens": 0, "last_valid_loss": float("nan")}
         self.early_stopping = validate.EarlyStopping(cfg.best_metric, cfg.patience, self.state)  # keeps its state in self.state
         self._resume_or_start()
-        self.metrics = MetricsLog(self.paths.metrics, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None)
+        self.metrics = MetricsLog(self.paths.metrics, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None,
+                                  enabled=self.dist.is_main)
+        self.updater.skipped = self.state.get("skipped_updates", 0)
 
     # ---- set-up ---------------------------------------------------------------------------
     def _resume_or_start(self) -> None:
@@ -197,13 +202,17 @@ class Trainer:
         if self.job.force and (self.paths.last.exists() or self.paths.best.exists()):
             # start afresh: the old checkpoints are replaced by the first save, the old metrics now
             log.warn(f"--force: starting a new run in {save_dir}; its checkpoints will be replaced")
-            for path in (self.paths.last, self.paths.best, self.paths.metrics):
-                path.unlink(missing_ok=True)
-            checkpoint.prune_numbered(save_dir, 0)
+            if self.dist.is_main:
+                for path in (self.paths.last, self.paths.best, self.paths.metrics):
+                    path.unlink(missing_ok=True)
+                checkpoint.prune_numbered(save_dir, 0)
+            self.dist.barrier()
+        self.dist.check_same(self.paths.last.exists(), f"whether {self.paths.last} exists (--save-dir must be shared by all nodes)")
         if not self.paths.last.exists():
             if self.paths.best.exists():
                 raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir or pass --force to replace it")
-            self.paths.config.write_text(json.dumps(self.configs, indent=2) + "\n")
+            if self.dist.is_main:
+                self.paths.config.write_text(json.dumps(self.configs, indent=2) + "\n")
             return
         ckpt = checkpoint.load(self.paths.last)
         saved = ckpt["configs"]
@@ -220,34 +229,31 @@ class Trainer:
         self.optimizer.load_state_dict(ts["optimizer"])
         if ts.get("scaler"):
             self.scaler.load_state_dict(ts["scaler"])
-        torch.set_rng_state(ts["rng_cpu"])
-        if self.device.type == "cuda" and ts.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state(ts["rng_cuda"])
+        # each rank continues its own dropout stream (rank 0's is also stored as rng_cpu/rng_cuda)
+        rngs = ts.get("rng_ranks") or [{"cpu": ts["rng_cpu"], "cuda": ts.get("rng_cuda")}]
+        if self.dist.rank < len(rngs):
+            distributed.set_rng_state(rngs[self.dist.rank], self.device)
         self.state.update(ts["progress"])
+        saved_world = ts.get("world_size", 1)
+        if saved_world != self.dist.world_size:
+            self.state["batch_in_epoch"] = distributed.resume_position(self.state["batch_in_epoch"], saved_world,
+                                                                       self.dist.world_size)
+            log.warn(f"{self.paths.last} was trained by {saved_world} process(es), now {self.dist.world_size}: the batch per "
+                     f"update changes, and the run is not the one it would have been (resumed at update "
+                     f"{self.state['batch_in_epoch']} of epoch {self.state['epoch']})")
         log.info(f"resuming {self.paths.last}: update {self.state['updates']}, epoch {self.state['epoch']}")
 
     # ---- one update ---------------------------------------------------------------------
-    def _step(self, batch) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """One update; returns the summed loss and NLL as tensors (no host sync) and the token count."""
-        model, cfg = self.model, self.train_config
-        src = batch.src.to(self.device, non_blocking=True)
-        tgt_in = batch.tgt_in.to(self.device, non_blocking=True)
-        tgt_out = batch.tgt_out.to(self.device, non_blocking=True)
+    def _step(self, batches: list, global_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One update over this rank's micro-batches; returns this rank's summed loss and NLL as
+        tensors (no host sync). global_tokens: target tokens of the update on all ranks."""
         lr = inverse_sqrt_lr(self.state["updates"] + 1, self.job.optim.lr, self.job.optim.warmup)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with autocast_for(self.device, cfg.precision):
-            memory, src_pad = model.encode(src)
-            features = model.decode_features(tgt_in, memory, src_pad)
-            loss, nll, n = label_smoothed_nll(features, model.output, tgt_out, self.model_config.pad_id, self.job.optim.label_smoothing)
-        self.scaler.scale(loss / n).backward()
-        if self.job.optim.clip_norm > 0:
-            self.scaler.unscale_(self.optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), self.job.optim.clip_norm, foreach=True)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach(), nll, n
+        on_device = [(b.src.to(self.device, non_blocking=True), b.tgt_in.to(self.device, non_blocking=True),
+                      b.tgt_out.to(self.device, non_blocking=True)) for b in batches]
+        # DDP averages gradients over ranks: world / tokens makes it the mean over all tokens
+        return self.updater.step(on_device, self.dist.world_size / global_tokens)
 
     def validate(self) -> validate.ValidResult:
         """Loss (and, with --eval-bleu, BLEU/chrF) on the validation split; nan without one."""
@@ -257,19 +263,26 @@ class Trainer:
                                  self.job.optim.label_smoothing, self.device,
                                  autocast=lambda: autocast_for(self.device, self.train_config.precision))
 
-    def _save(self, result: Optional[validate.ValidResult] = None, improved: bool = False) -> None:
+    def _save(self, result: Optional[validate.ValidResult] = None, improved: bool = False, gather: bool = True) -> None:
         """last.pt always (and the update-numbered copy at --save-interval-updates points); best.pt
         after a validation that improved --best-metric, after the first validation of a run (so
         there is one to translate with), and after every validation when there is no validation
         split. An unvalidated save (interval, Ctrl-C, SIGTERM) never writes best.pt. best.pt is
         written first: a kill between the two leaves last.pt behind it, never ahead."""
         st, cfg = self.state, self.train_config
+        # every rank's RNG state goes into last.pt (gather=False: an interrupt, no collectives)
+        own = distributed.rng_state(self.device)
+        rngs = self.dist.gather(own) if gather else [own]
+        if not self.dist.is_main:
+            return
         weights = checkpoint.model_state(self.model)
         train_state = {
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None,
+            "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "rng_ranks": rngs,
+            "world_size": self.dist.world_size,
             "progress": dict(st),
         }
         valid = None if result is None else {"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf}
@@ -290,11 +303,14 @@ class Trainer:
         mc = self.model_config
         log.info(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters, "
                  f"{mc.encoder_layers}+{mc.decoder_layers} layers, d_model {mc.d_model}, {mc.n_heads} heads, "
-                 f"device {self.device}, precision {cfg.precision}, threads {torch.get_num_threads()}")
+                 f"device {self.device}, precision {cfg.precision}, threads {torch.get_num_threads()}"
+                 + (f", {self.dist.world_size} processes" if self.dist.world_size > 1 else "")
+                 + (f", update-freq {cfg.update_freq}" if cfg.update_freq > 1 else ""))
         total, unit = (cfg.max_updates, "update") if cfg.max_updates else ((cfg.max_time, "second") if cfg.max_time else (cfg.max_epochs or None, "epoch"))
         progress = log.Progress(total, unit, cfg.log_interval)
         start = time.monotonic() - st["train_seconds"]
         window_tokens, window_start = 0, time.monotonic()
+        window_all_tokens = 0  # of every rank: the throughput figure
         window_loss: Any = 0.0
         window_nll: Any = 0.0
         stopped_by, skipped = "", 0
@@ -304,39 +320,56 @@ class Trainer:
             previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
         try:
             while not stopped_by:
-                batches, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st["epoch"])
-                if not batches:
+                shard, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st["epoch"],
+                                               rank=self.dist.rank, world=self.dist.world_size)
+                batches = distributed.update_batches(shard, cfg.update_freq)  # per update: its micro-batches
+                if skipped == len(self.train_set):
                     shortest = int(min_pair_length(self.train_set))
                     raise InputError(f"{self.data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {mc.max_positions} positions "
                                      f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
+                if not batches:
+                    raise InputError(f"{self.data_dir}: an epoch has fewer batches of --max-tokens {cfg.max_tokens} than one update needs "
+                                     f"(--update-freq {cfg.update_freq} x {self.dist.world_size} process(es)); lower --max-tokens or --update-freq")
                 if st["updates"] == 0 and st["batch_in_epoch"] == 0 and skipped:
                     log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
                 # whether the state as it is now has been validated (and saved); a run resumed at the
                 # end of an epoch was saved by the validation of that epoch's last update
                 validated = 0 < st["batch_in_epoch"] == len(batches)
                 for k in range(st["batch_in_epoch"], len(batches)):
-                    batch = collate(self.train_set, batches[k], mc.pad_id, mc.bos_id, mc.eos_id)
-                    loss, nll, n = self._step(batch)
+                    distributed.fault_point(self.dist, st["updates"])
+                    micro = [collate(self.train_set, ids, mc.pad_id, mc.bos_id, mc.eos_id) for ids in batches[k]]
+                    n = sum(b.ntokens for b in micro)
+                    n_all = self.dist.sum_int(n)  # the loss is normalised by the tokens of all ranks
+                    loss, nll = self._step(micro, n_all)
                     st["updates"] += 1
                     st["batch_in_epoch"] = k + 1
-                    st["train_tokens"] += n
+                    st["train_tokens"] += n_all
+                    st["skipped_updates"] = self.updater.skipped
                     window_tokens += n
+                    window_all_tokens += n_all
                     window_loss, window_nll = window_loss + loss, window_nll + nll
                     now = time.monotonic()
                     st["train_seconds"] = now - start
                     if now - window_start >= cfg.log_interval or st["updates"] == 1:
                         # the only host sync of the loop: once per log interval, not per update
                         loss_avg, nll_avg = float(window_loss) / window_tokens, float(window_nll) / window_tokens
-                        rate = window_tokens / max(now - window_start, 1e-9)
+                        rate = window_all_tokens / max(now - window_start, 1e-9)
                         lr = self.optimizer.param_groups[0]["lr"]
                         ppl = math.exp(min(nll_avg, 50))
-                        self.metrics.write({"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss_avg,
-                                           "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]})
-                        window_tokens, window_start, window_loss, window_nll = 0, now, 0.0, 0.0
+                        record = {"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss_avg,
+                                  "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]}
+                        if self.scaler.is_enabled():
+                            record.update(loss_scale=self.scaler.get_scale(), skipped_updates=self.updater.skipped)
+                        self.metrics.write(record)
+                        window_tokens, window_start, window_loss, window_nll, window_all_tokens = 0, now, 0.0, 0.0, 0
                         stats = f"epoch {st['epoch']} | update {st['updates']} | loss {loss_avg:.3f} | ppl {ppl:.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
+                        if self.updater.skipped:
+                            stats += f" | {self.updater.skipped} skipped (fp16 overflow)"
                         done = {"update": st["updates"], "second": st["train_seconds"], "epoch": st["epoch"] - 1 + (k + 1) / len(batches)}[unit]
                         progress.update(done, stats)
                     stopped_by = self._limit_reached(epoch_done=False)
+                    if cfg.max_time and self.dist.world_size > 1:  # clocks differ: rank 0 decides
+                        stopped_by = self.dist.from_main(stopped_by)
                     validated = False
                     if cfg.validate_interval_updates and st["updates"] % cfg.validate_interval_updates == 0 and not stopped_by:
                         stopped_by, validated = self._validate_and_save(), True
@@ -349,12 +382,21 @@ class Trainer:
                     st["epoch"] += 1
                     st["batch_in_epoch"] = 0
                     stopped_by = self._limit_reached(epoch_done=True)
+                    if cfg.max_time and self.dist.world_size > 1:
+                        stopped_by = self.dist.from_main(stopped_by)
                 if not validated:  # (an interval validation of the epoch's last update counts)
                     stopped_by = self._validate_and_save() or stopped_by
         except KeyboardInterrupt:
             progress.close()
-            self._save()  # not validated: last.pt only, never best.pt
+            self._save(gather=False)  # not validated: last.pt only, never best.pt
             log.warn(f"interrupted at update {st['updates']}: saved {self.paths.last}; run the same command again to resume")
+            raise
+        except update.OutOfMemoryError:
+            progress.close()
+            raise update.OutOfMemory(update.out_of_memory_advice(self.device, cfg.max_tokens, cfg.update_freq, cfg.precision)) from None
+        except RuntimeError as error:  # e.g. DDP's all-reduce in backward when another rank died or hangs
+            if self.dist.world_size > 1 and distributed.is_comm_error(error) and not isinstance(error, ConfigError):
+                raise self.dist.lost(error) from None
             raise
         finally:
             progress.close()
@@ -421,5 +463,8 @@ def _without(configs: dict) -> dict:
 
 
 def train(job: TrainJob) -> TrainResult:
-    return Trainer(job).run()
+    result = Trainer(job).run()
+    # after an error the process exits instead: leaving a group whose other ranks died can block
+    distributed.close()
+    return result
 
