@@ -54,11 +54,11 @@ def test_interrupted_run_writes_last_pt_but_no_best_pt(small_corpus, tmp_path, m
     real_step = Trainer._step
     steps = []
 
-    def step_then_interrupt(self, batch):
+    def step_then_interrupt(self, *args):
         if len(steps) == 3:
             raise KeyboardInterrupt  # Ctrl-C (SIGTERM takes the same path) before anything was validated
         steps.append(1)
-        return real_step(self, batch)
+        return real_step(self, *args)
 
     monkeypatch.setattr(Trainer, "_step", step_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
