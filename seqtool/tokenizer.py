@@ -110,13 +110,21 @@ def _train_in_child(lines: list[str], tmp_prefix: str, config: TokenizerConfig) 
         except RuntimeError as error:
             _raise_for_sentencepiece(str(error), config)
         return
+    import signal
+
     child = multiprocessing.get_context("fork").Process(target=_child_main, args=(lines, tmp_prefix, config), daemon=True)
-    child.start()
+    # A Ctrl-C between the fork and start() returning would leave a child we hold no handle to:
+    # SIGINT is held back until start() is done, and a pending one is raised once it is released.
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        child.start()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         child.join()
     except BaseException:  # Ctrl-C, SIGTERM: the child's work is thrown away with the temp dir
-        child.kill()
-        child.join()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        if child.pid is not None:
+            child.kill()
+            child.join()
         raise
     error_file = Path(tmp_prefix + ".error")
     if error_file.exists():
@@ -129,6 +137,7 @@ def _child_main(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> N
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent answers Ctrl-C (and kills us)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # forked while the parent held it back
     _die_with_parent()
     try:
         _train_spm(lines, tmp_prefix, config)
