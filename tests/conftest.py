@@ -81,6 +81,28 @@ class ReverseRun:
     texts: dict[str, tuple[list[str], list[str]]]  # split -> (sources, reversed targets)
 
 
+def binarized_reverse_corpus(directory: Path) -> Path:
+    """300 training and 20 validation reversal pairs over 10 letters, a 25-piece tokenizer, and
+    DATA_DIR = directory/bin: the small data of the training-loop tests."""
+    from seqtool.binarize import SplitSpec, binarize
+    from seqtool.config import TokenizerConfig
+    from seqtool.tokenizer import train_tokenizer
+
+    write_reverse_corpus(directory, 300, 20)
+    spm = train_tokenizer([directory / "train.src", directory / "train.tgt"], str(directory / "spm"), TokenizerConfig(vocab_size=25))
+    binarize("src", "tgt", [SplitSpec("train", str(directory / "train")), SplitSpec("valid", str(directory / "valid"))], spm,
+             directory / "bin")
+    return directory / "bin"
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """train(--threads N) sets torch's global thread count: give later tests theirs back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def reverse_run(tmp_path_factory) -> ReverseRun:
     """A model trained through the CLI (train-tokenizer -> binarize -> train) to reverse letter

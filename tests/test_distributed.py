@@ -14,14 +14,12 @@ import pytest
 import torch
 
 from seqtool import checkpoint, distributed
-from seqtool.binarize import SplitSpec, binarize
-from seqtool.config import ConfigError, ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
+from seqtool.config import ConfigError, ModelConfig, OptimConfig, TrainConfig, model_config_for
 from seqtool.data import shard_batches
 from seqtool.model import Transformer
-from seqtool.tokenizer import train_tokenizer
 from seqtool.train import TrainJob, train
 
-from conftest import write_reverse_corpus
+from conftest import binarized_reverse_corpus
 
 # tiny model, no dropout: 1 and 2 processes must compute the same thing
 SETTINGS = dict(max_tokens=300, max_updates=3, threads=1, device="cpu", seed=3)
@@ -29,21 +27,9 @@ CLI_SETTINGS = ["--arch", "tiny", "--dropout", "0", "--warmup", "2", "--max-toke
                 "--threads", "1", "--device", "cpu", "--seed", "3"]
 
 
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """train(--threads N) sets torch's global thread count: give later tests theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("distributed")
-    write_reverse_corpus(d, 300, 20)
-    spm = train_tokenizer([d / "train.src", d / "train.tgt"], str(d / "spm"), TokenizerConfig(vocab_size=25))
-    binarize("src", "tgt", [SplitSpec("train", str(d / "train")), SplitSpec("valid", str(d / "valid"))], spm, d / "bin")
-    return d / "bin"
+    return binarized_reverse_corpus(tmp_path_factory.mktemp("distributed"))
 
 
 def torchrun(nproc: int, *args, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -6,22 +6,16 @@ import pytest
 import torch
 
 from seqtool import checkpoint
-from seqtool.binarize import SplitSpec, binarize
-from seqtool.config import ConfigError, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
+from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.textio import InputError
-from seqtool.tokenizer import train_tokenizer
 from seqtool.train import TrainJob, inverse_sqrt_lr, train
 
-from conftest import write_reverse_corpus
+from conftest import binarized_reverse_corpus
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("train")
-    write_reverse_corpus(d, 300, 20)
-    spm = train_tokenizer([d / "train.src", d / "train.tgt"], str(d / "spm"), TokenizerConfig(vocab_size=25))
-    binarize("src", "tgt", [SplitSpec("train", str(d / "train")), SplitSpec("valid", str(d / "valid"))], spm, d / "bin")
-    return d / "bin"
+    return binarized_reverse_corpus(tmp_path_factory.mktemp("train"))
 
 
 def _job(data_dir, save_dir, **train):

@@ -11,34 +11,20 @@ import torch
 from typer.testing import CliRunner
 
 from seqtool import update
-from seqtool.binarize import SplitSpec, binarize
 from seqtool.cli import app
-from seqtool.config import ConfigError, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
+from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.model import Transformer
-from seqtool.tokenizer import train_tokenizer
 from seqtool.train import TrainJob, train
 
-from conftest import write_reverse_corpus
+from conftest import binarized_reverse_corpus
 
 CPU = torch.device("cpu")
 V = 40
 
 
-@pytest.fixture(autouse=True)
-def keep_torch_threads():
-    """train(--threads N) sets torch's global thread count: give later tests theirs back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("update")
-    write_reverse_corpus(d, 300, 20)
-    spm = train_tokenizer([d / "train.src", d / "train.tgt"], str(d / "spm"), TokenizerConfig(vocab_size=25))
-    binarize("src", "tgt", [SplitSpec("train", str(d / "train")), SplitSpec("valid", str(d / "valid"))], spm, d / "bin")
-    return d / "bin"
+    return binarized_reverse_corpus(tmp_path_factory.mktemp("update"))
 
 
 def _job(data_dir, save_dir, **train_options):
