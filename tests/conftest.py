@@ -95,6 +95,17 @@ def binarized_reverse_corpus(directory: Path) -> Path:
     return directory / "bin"
 
 
+def tiny_job(data_dir: Path, save_dir: Path, model: str = "tiny", finetune=None, **train_options):
+    """A TrainJob of the tiny preset on DATA_DIR: 600-token batches, 2 threads, 10 warmup updates."""
+    from seqtool.config import OptimConfig, TrainConfig
+    from seqtool.train import TrainJob
+
+    train_options.setdefault("max_tokens", 600)
+    train_options.setdefault("threads", 2)
+    return TrainJob(save_dir=save_dir, model=model_config_for(model), optim=OptimConfig(warmup=10),
+                    train=TrainConfig(**train_options), data_dir=data_dir, finetune=finetune)
+
+
 @pytest.fixture(autouse=True)
 def keep_torch_threads():
     """train(--threads N) sets torch's global thread count: give later tests theirs back."""

@@ -15,12 +15,11 @@ from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_f
 from seqtool.textio import temp_path
 from seqtool.train import Trainer, TrainJob, train
 
+from conftest import tiny_job
+
 
 def _job(corpus, save_dir, **train_options):
-    train_options.setdefault("max_tokens", 600)
-    train_options.setdefault("threads", 2)
-    return TrainJob(save_dir=save_dir, model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
-                    train=TrainConfig(**train_options), data_dir=corpus / "bin")
+    return tiny_job(corpus / "bin", save_dir, **train_options)
 
 
 def test_save_interval_and_keep_last_leave_exactly_the_expected_files(small_corpus, tmp_path):

@@ -15,6 +15,8 @@ from seqtool.textio import InputError
 from seqtool.tokenizer import train_tokenizer
 from seqtool.train import RawData, Trainer, TrainJob, train
 
+from conftest import tiny_job
+
 
 @pytest.fixture(scope="module")
 def parent(small_corpus, tmp_path_factory):
@@ -25,10 +27,7 @@ def parent(small_corpus, tmp_path_factory):
 
 
 def _job(corpus, save_dir, finetune=None, model="tiny", **train_options):
-    train_options.setdefault("max_tokens", 600)
-    train_options.setdefault("threads", 2)
-    return TrainJob(save_dir=save_dir, model=model_config_for(model), optim=OptimConfig(warmup=10),
-                    train=TrainConfig(**train_options), data_dir=corpus / "bin", finetune=finetune)
+    return tiny_job(corpus / "bin", save_dir, model, finetune, **train_options)
 
 
 def test_finetune_starts_at_update_0_from_the_checkpoint_weights_and_model(small_corpus, parent, tmp_path):

@@ -10,7 +10,7 @@ from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_f
 from seqtool.textio import InputError
 from seqtool.train import TrainJob, inverse_sqrt_lr, train
 
-from conftest import binarized_reverse_corpus
+from conftest import binarized_reverse_corpus, tiny_job
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +19,7 @@ def data_dir(tmp_path_factory):
 
 
 def _job(data_dir, save_dir, **train):
-    train.setdefault("max_tokens", 600)
-    train.setdefault("threads", 2)
-    return TrainJob(save_dir=save_dir, model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
-                    train=TrainConfig(**train), data_dir=data_dir)
+    return tiny_job(data_dir, save_dir, **train)
 
 
 def test_lr_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():

@@ -16,7 +16,7 @@ from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_f
 from seqtool.model import Transformer
 from seqtool.train import TrainJob, train
 
-from conftest import binarized_reverse_corpus
+from conftest import binarized_reverse_corpus, tiny_job
 
 CPU = torch.device("cpu")
 V = 40
@@ -28,11 +28,8 @@ def data_dir(tmp_path_factory):
 
 
 def _job(data_dir, save_dir, **train_options):
-    train_options.setdefault("max_tokens", 600)
-    train_options.setdefault("threads", 2)
     train_options.setdefault("device", "cpu")
-    return TrainJob(save_dir=save_dir, model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
-                    train=TrainConfig(**train_options), data_dir=data_dir)
+    return tiny_job(data_dir, save_dir, **train_options)
 
 
 def _batch(seed: int = 0, rows: int = 4, src_len: int = 7, tgt_len: int = 6):

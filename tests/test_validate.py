@@ -19,12 +19,11 @@ from seqtool.score import score_lines
 from seqtool.train import TrainJob, train
 from seqtool.validate import EarlyStopping, ValidResult
 
+from conftest import tiny_job
+
 
 def _job(corpus, save_dir, **train_options):
-    train_options.setdefault("max_tokens", 600)
-    train_options.setdefault("threads", 2)
-    return TrainJob(save_dir=save_dir, model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
-                    train=TrainConfig(**train_options), data_dir=corpus / "bin")
+    return tiny_job(corpus / "bin", save_dir, **train_options)
 
 
 def _records(save_dir, kind="valid"):
