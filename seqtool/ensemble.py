@@ -63,8 +63,8 @@ class Ensemble:
         outputs = [model.encode(src) for model in self.models]
         return [memory for memory, _ in outputs], outputs[0][1]
 
-    def new_cache(self, memory: list[Tensor], src_pad: Tensor) -> EnsembleCache:
-        return EnsembleCache([model.new_cache(m, src_pad) for model, m in zip(self.models, memory)])
+    def new_cache(self, memory: list[Tensor], src_pad: Tensor, group: int = 1) -> EnsembleCache:
+        return EnsembleCache([model.new_cache(m, src_pad, group) for model, m in zip(self.models, memory)])
 
     def decode(self, tgt_in: Tensor, memory: Optional[list[Tensor]], src_pad: Optional[Tensor],
                cache: Optional[EnsembleCache] = None) -> Tensor:

@@ -7,7 +7,7 @@ V vocabulary. Surface (as the Annotated Transformer's):
 
     memory, src_pad = model.encode(src)                       # (B, S, D), (B, S)
     logits = model.decode(tgt_in, memory, src_pad)            # (B, T, V) teacher forcing
-    cache = model.new_cache(memory, src_pad)                  # cross-attention K/V projected once
+    cache = model.new_cache(memory, src_pad, group=beam)      # cross-attention K/V projected once
     logits = model.decode(tgt_in[:, -1:], memory, src_pad, cache=cache)   # one new position
     cache.reorder(index)                                      # beams moved / finished rows dropped
 """
@@ -40,26 +40,80 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
 class KVCache:
     """Per decoder layer: self-attention keys/values so far, and the encoder's projected keys/values.
 
-    Rows are decoder rows (sentences x beams). `reorder(index)` keeps row index[i] as row i: beam
-    search calls it with the parent of each surviving hypothesis, and with a shorter index when
-    finished sentences leave the batch (then `cross=True`, as the encoder rows change too).
+    Rows are decoder rows: sentences x `group` (beams, or samples), a sentence's rows adjacent.
+    The cross-attention keys/values are kept once per sentence, not once per row: a sentence's
+    beams attend to them as one group of queries, so each step reads them once instead of
+    `group` times. The self-attention keys/values live in preallocated buffers (R, H, capacity, K)
+    written in place each step (no torch.cat copy of the whole history per step), with a spare
+    buffer per layer that `reorder` gathers into.
+
+    `reorder(index)` keeps row index[i] as row i: beam search calls it with the parent of each
+    surviving hypothesis, and with a shorter index when finished sentences leave the batch (then
+    `cross=True`, as the sentences change too). An index that splits a sentence's group (a sample
+    that ends before its siblings) turns the cross keys/values into one copy per row (group 1).
     """
 
-    self_k: list[Optional[Tensor]] = field(default_factory=list)  # each (B, H, t, K)
-    self_v: list[Optional[Tensor]] = field(default_factory=list)
-    cross_k: list[Tensor] = field(default_factory=list)  # each (B, H, S, K)
+    cross_k: list[Tensor] = field(default_factory=list)  # each (B / group, H, S, K)
     cross_v: list[Tensor] = field(default_factory=list)
-    src_pad: Optional[Tensor] = None  # (B, S) True at padding
+    src_pad: Optional[Tensor] = None  # (B / group, S) True at padding
+    group: int = 1  # decoder rows per sentence
     steps: int = 0  # target positions already consumed
+    rows: int = 0  # decoder rows now (B)
+    self_k: list[Tensor] = field(default_factory=list)  # each (R >= B, H, capacity, K); rows [:B], positions [:steps] hold data
+    self_v: list[Tensor] = field(default_factory=list)
+    spare_k: list[Tensor] = field(default_factory=list)  # reorder's gather target, swapped with self_k
+    spare_v: list[Tensor] = field(default_factory=list)
+
+    GROW = 32  # positions added when a buffer is full: at most 32 unused positions per row
+
+    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new positions' keys/values (B, H, T, K); return all so far (B, H, steps + T, K)."""
+        B, H, T, K = k.shape
+        t = self.steps
+        if layer == len(self.self_k):  # first call for this layer
+            self.rows = B
+            shape = (B, H, t + T + self.GROW, K)
+            for buffers in (self.self_k, self.self_v, self.spare_k, self.spare_v):
+                buffers.append(k.new_empty(shape))
+        elif t + T > self.self_k[layer].size(2):
+            extra = t + T - self.self_k[layer].size(2) + self.GROW
+            for buffers in (self.self_k, self.self_v):  # keep what is stored; the spares hold nothing
+                old = buffers[layer]
+                buffers[layer] = torch.cat([old, old.new_empty(old.size(0), H, extra, K)], dim=2)
+            for spares in (self.spare_k, self.spare_v):
+                spares[layer] = self.self_k[layer].new_empty(self.self_k[layer].shape)
+        kb, vb = self.self_k[layer], self.self_v[layer]
+        kb[:B, :, t : t + T] = k
+        vb[:B, :, t : t + T] = v
+        return kb[:B, :, : t + T], vb[:B, :, : t + T]
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
-        self.self_k = [None if k is None else k.index_select(0, index) for k in self.self_k]
-        self.self_v = [None if v is None else v.index_select(0, index) for v in self.self_v]
+        n, t = index.numel(), self.steps
+        for layer in range(len(self.self_k)):
+            for buffers, spares in ((self.self_k, self.spare_k), (self.self_v, self.spare_v)):
+                src, dst = buffers[layer], spares[layer]
+                if dst.size(0) < n:  # more rows than the buffers were made for (a reorder that copies rows)
+                    dst = src.new_empty(n, *src.shape[1:])
+                    spares[layer] = dst
+                torch.index_select(src[: self.rows, :, :t], 0, index, out=dst[:n, :, :t])
+                buffers[layer], spares[layer] = dst, src
+        self.rows = n
         if cross:
-            self.cross_k = [k.index_select(0, index) for k in self.cross_k]
-            self.cross_v = [v.index_select(0, index) for v in self.cross_v]
-            if self.src_pad is not None:
-                self.src_pad = self.src_pad.index_select(0, index)
+            self._reorder_cross(index)
+
+    def _reorder_cross(self, index: Tensor) -> None:
+        G = self.group
+        sentence = index // G  # (n,) the sentence each new row belongs to
+        if G > 1:
+            whole = index.numel() % G == 0 and bool((sentence.view(-1, G) == sentence.view(-1, G)[:, :1]).all())
+            if whole:  # every new group of G rows comes from one sentence: keep one copy per sentence
+                sentence = sentence.view(-1, G)[:, 0]
+            else:  # rows leave one at a time: one copy of the cross keys/values per row from now on
+                self.group = 1
+        self.cross_k = [k.index_select(0, sentence) for k in self.cross_k]
+        self.cross_v = [v.index_select(0, sentence) for v in self.cross_v]
+        if self.src_pad is not None:
+            self.src_pad = self.src_pad.index_select(0, sentence)
 
 
 class MultiHeadAttention(nn.Module):
@@ -101,26 +155,30 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, Optional[Tensor]]:
         B, T, D = x.shape
+        G = 1  # decoder rows per sentence sharing one copy of the encoder's keys/values
         if self.cross:
-            q = self._heads(linear(x, self.q_proj))
+            q = self._heads(linear(x, self.q_proj))  # (B, H, T, K)
             if cache is not None:  # projected once per sentence by new_cache()
-                k, v = cache.cross_k[layer], cache.cross_v[layer]
+                k, v = cache.cross_k[layer], cache.cross_v[layer]  # (B/G, H, S, K)
+                G = cache.group
+                if G > 1:  # a sentence's G rows become G*T queries of one attention call
+                    q = q.view(B // G, G, self.h, T, self.k).transpose(1, 2).reshape(B // G, self.h, G * T, self.k)
             else:
                 k, v = self.project_kv(memory)
         else:
             q, k, v = (self._heads(t) for t in linear(x, self.qkv_proj).chunk(3, dim=-1))  # (B, H, T, K)
             if cache is not None:
-                if cache.self_k[layer] is not None:
-                    k = torch.cat([cache.self_k[layer], k], dim=2)  # (B, H, t+T, K)
-                    v = torch.cat([cache.self_v[layer], v], dim=2)
-                cache.self_k[layer], cache.self_v[layer] = k, v
+                k, v = cache.append(layer, k, v)  # (B, H, t+T, K)
         Tk = k.size(2)
         allowed = None  # True = may attend, broadcast to (B, H, T, Tk)
         if key_pad is not None:
             allowed = ~key_pad[:, None, None, :]  # (B, 1, 1, Tk)
+        # Incremental decoding on CPU (a few queries per row) runs the plain matrix products:
+        # measured 2-3x faster there than SDPA's CPU kernel, which is built for long query blocks.
+        explicit = need_weights or (cache is not None and x.device.type == "cpu")
         if causal and T == 1:
             causal = False  # the newest position may see every earlier one
-        elif causal and (Tk != T or need_weights or allowed is not None):
+        elif causal and (Tk != T or explicit or allowed is not None):
             # SDPA's is_causal aligns the mask top-left; queries that follow cached keys need it
             # bottom-right: query i sees keys up to Tk - T + i.
             future_ok = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)  # (T, Tk)
@@ -128,14 +186,19 @@ class MultiHeadAttention(nn.Module):
             causal = False
         p = self.dropout if self.training else 0.0
         weights = None
-        if need_weights:
+        if explicit:
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.k)  # (B, H, T, Tk)
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
-            weights = scores.float().softmax(dim=-1).to(q.dtype)
-            out = F.dropout(weights, p, self.training) @ v  # (B, H, Tq, K)
+            probs = scores.float().softmax(dim=-1).to(q.dtype)
+            weights = probs if need_weights else None
+            out = F.dropout(probs, p, self.training) @ v  # (B, H, Tq, K)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
+        if G > 1:  # (B/G, H, G*T, .) back to one row per hypothesis (B, H, T, .)
+            out = out.view(B // G, self.h, G, T, -1).transpose(1, 2).reshape(B, self.h, T, -1)
+            if weights is not None:
+                weights = weights.view(B // G, self.h, G, T, -1).transpose(1, 2).reshape(B, self.h, T, -1)
         out = out.transpose(1, 2).reshape(B, T, D)  # heads concatenated
         return linear(out, self.out_proj), weights
 
@@ -278,15 +341,15 @@ class Transformer(nn.Module):
         x = self.encoder_norm(x)
         return (x, src_pad, weights) if need_weights else (x, src_pad)
 
-    def new_cache(self, memory: Tensor, src_pad: Tensor) -> KVCache:
-        """An empty cache with every layer's cross-attention keys/values projected once."""
-        cache = KVCache(src_pad=src_pad)
+    def new_cache(self, memory: Tensor, src_pad: Tensor, group: int = 1) -> KVCache:
+        """An empty cache with every layer's cross-attention keys/values projected once. With
+        group G, each of the B sentences is decoded as G adjacent rows (beams): decode then takes
+        B*G rows, and the keys/values are still stored once per sentence."""
+        cache = KVCache(src_pad=src_pad, group=group)
         for layer in self.decoder:
             k, v = layer.cross_attn.project_kv(memory)  # (B, H, S, K)
             cache.cross_k.append(k)
             cache.cross_v.append(v)
-            cache.self_k.append(None)
-            cache.self_v.append(None)
         return cache
 
     def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None,

@@ -1,7 +1,7 @@
 """Greedy search, beam search and sampling over token ids.
 
 Owns decoding on tensors only (no text, no I/O). Works with any model that offers
-``encode(src) -> (memory, src_pad)``, ``new_cache(memory, src_pad)``,
+``encode(src) -> (memory, src_pad)``, ``new_cache(memory, src_pad, group)`` (each sentence decoded as `group` adjacent rows),
 ``decode(tokens, memory, src_pad, cache) -> logits`` and a ``config`` with bos/eos/pad ids and
 max_positions, so tests can script the probabilities with a fake model.
 
@@ -70,9 +70,7 @@ def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float,
     B, N = src.size(0), copies
     device = src.device
     memory, src_pad = model.encode(src)
-    cache = model.new_cache(memory, src_pad)
-    if N > 1:
-        cache.reorder(torch.arange(B, device=device).repeat_interleave(N))  # the sentence's rows adjacent
+    cache = model.new_cache(memory, src_pad, group=N)  # the sentence's N rows adjacent
     max_len = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions).repeat_interleave(N)  # (B*N,)
     L = int(max_len.max()) + 1
     R = B * N
@@ -208,8 +206,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     memory, src_pad = model.encode(src)
     max_len0 = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions)  # (B,)
     L = int(max_len0.max()) + 1  # generated tokens incl. EOS
-    cache = model.new_cache(memory, src_pad)  # cross-attention K/V projected once per sentence...
-    cache.reorder(torch.arange(B, device=device).repeat_interleave(K))  # ...then one row per beam, adjacent
+    cache = model.new_cache(memory, src_pad, group=K)  # one row per beam, adjacent; cross-attention K/V once per sentence
     alive = torch.arange(B, device=device)  # original index of each active sentence
     tokens = torch.full((B * K, 1), c.bos_id, dtype=torch.long, device=device)  # (b*K, 1+t)
     scores = torch.full((B, K), NEG_INF, device=device)
@@ -221,12 +218,15 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     for step in range(L):
         b = alive.numel()
         lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(K), min_len)
-        V = lprobs.size(1)
-        cand = scores[:, :, None] + lprobs.view(b, K, V)  # (b, K, V)
-        n_cand = min(2 * K, K * V)
+        # Each row's best 2K tokens hold the sentence's best 2K candidates (no row gives more), so
+        # the sentence ranks K x 2K candidates, not K x V.
+        lprobs, row_token = lprobs.topk(min(2 * K, lprobs.size(1)), dim=1)  # (b*K, W)
+        W = lprobs.size(1)
+        cand = scores[:, :, None] + lprobs.view(b, K, W)  # (b, K, W)
+        n_cand = min(2 * K, K * W)
         top_scores, top_index = cand.view(b, -1).topk(n_cand, dim=1)  # (b, 2K) best first
-        parent = top_index // V  # (b, 2K) beam within the sentence
-        token = top_index % V
+        parent = top_index // W  # (b, 2K) beam within the sentence
+        token = row_token.view(b, K * W).gather(1, top_index)
         is_eos = token.eq(c.eos_id) & torch.isfinite(top_scores)
 
         # 1. EOS among the best K candidates: finished, merged into the sentence's best K.

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from seqtool.config import ModelConfig, model_config_for
-from seqtool.model import MultiHeadAttention, Transformer, label_smoothed_nll, sinusoidal_positions
+from seqtool.model import KVCache, MultiHeadAttention, Transformer, label_smoothed_nll, sinusoidal_positions
 
 
 def _src_tgt(batch=3, S=7, T=6, vocab=40):
@@ -98,6 +98,37 @@ def test_cache_reorder_moves_rows(tiny_model):
         step = tiny_model.decode(tgt[order, 3:4], None, None, cache)
         full = tiny_model(src[order], tgt[order, :4])[:, 3:4]
     torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("grow", [1, 32])
+def test_grouped_cache_reorders_drops_and_splits_like_the_full_forward(tiny_model, monkeypatch, grow):
+    """Beams of a sentence share one copy of the encoder's keys/values (group 2). Swapping beams,
+    dropping a sentence, and splitting a sentence's rows (the cache falls back to one copy per
+    row) must all leave every row's next-token logits equal to a full forward of its history;
+    GROW=1 makes the self-attention buffers grow at every step."""
+    monkeypatch.setattr(KVCache, "GROW", grow)
+    src, _ = _src_tgt(batch=3)
+    G = 2
+    g = torch.Generator().manual_seed(3)
+    rows_src = src.repeat_interleave(G, 0)  # (6, S): row r decodes sentence r // G
+    history = torch.full((6, 1), 2, dtype=torch.long)  # BOS
+    reorders = [(torch.tensor([1, 0, 3, 2, 5, 4]), False),  # beams swap parents within each sentence
+                (torch.tensor([0, 0, 4, 5]), True),  # sentence 1 leaves; one beam of sentence 0 copied
+                (torch.tensor([1, 2, 3]), True),  # sentence 0 keeps one row of its two: groups split
+                (torch.tensor([2, 0]), True)]
+    with torch.no_grad():
+        memory, pad = tiny_model.encode(src)
+        cache = tiny_model.new_cache(memory, pad, group=G)
+        for index, cross in reorders + [(None, None)]:
+            step = tiny_model.decode(history[:, -1:], None, None, cache)[:, 0]  # (rows, V)
+            full = tiny_model(rows_src, history)[:, -1]
+            torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
+            if index is None:
+                break
+            history = torch.cat([history, torch.randint(4, 40, (history.size(0), 1), generator=g)], 1)[index]
+            rows_src = rows_src[index]
+            cache.reorder(index, cross)
+    assert cache.group == 1  # the split turned the shared copies into one per row
 
 
 def test_need_weights_path_gives_the_fused_output():

@@ -44,8 +44,8 @@ class ScriptedModel:
     def encode(self, src):
         return torch.zeros(src.size(0), src.size(1), 1), src.eq(PAD)
 
-    def new_cache(self, memory, src_pad):
-        return FakeCache(torch.arange(memory.size(0)))
+    def new_cache(self, memory, src_pad, group=1):
+        return FakeCache(torch.arange(memory.size(0)).repeat_interleave(group))
 
     def decode(self, tokens, memory, src_pad, cache):
         cache.prefix = torch.cat([cache.prefix, tokens], dim=1)
