@@ -209,7 +209,7 @@ def run_fairseq(a, W: Path, env: dict) -> Path | None:
     res = W / "fairseq"
     fenv = dict(env, VENV=str(venv), DATA=str(data), RES=str(res), WORK=str(W / "fairseq-work"),
                 STOP_HOURS=f"{a.minutes / 60:.6g}", SRC=a.src, TGT=a.tgt)
-    run("fairseq", ["bash", PEERS / "run_fairseq.sh", "spm", "bin", "train", "gen"], W / "logs", fenv, timed=False)
+    run("fairseq", ["bash", PEERS / "run_fairseq.sh", *a.fairseq_stages.split(",")], W / "logs", fenv, timed=False)
     return res
 
 
@@ -315,6 +315,9 @@ def main() -> int:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--with-fairseq", action="store_true", help="also run peers/run_fairseq.sh spm bin train gen")
     g.add_argument("--fairseq-res", type=Path, help="read fairseq figures from this run_fairseq.sh RES dir instead")
+    p.add_argument("--fairseq-stages", default="spm,bin,train,gen",
+                   help="run_fairseq.sh stages for --with-fairseq (default spm,bin,train,gen; with --skip-train, 'gen' "
+                        "decodes again with the fairseq model already in --work, so both decoders are timed in one run)")
     p.add_argument("--fairseq-venv", default="/tmp/peers/venv", help="virtualenv for --with-fairseq (default /tmp/peers/venv)")
     a = p.parse_args()
     precs = [x.strip() for v in (a.precision or ["fp32"]) for x in v.split(",") if x.strip()]
