@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 
-from . import checkpoint, distributed, finetune, log, update, validate
+from . import checkpoint, distributed, finetune, linear, log, update, validate
 from .binarize import SplitSpec, binarize
 from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
@@ -463,6 +463,7 @@ def _without(configs: dict) -> dict:
 
 
 def train(job: TrainJob) -> TrainResult:
+    linear.limit_primitive_cache()
     result = Trainer(job).run()
     # after an error the process exits instead: leaving a group whose other ranks died can block
     distributed.close()

@@ -1,5 +1,6 @@
 """The oneDNN float32 linear path gives F.linear's values and gradients."""
 
+import os
 import pytest
 import torch
 
@@ -34,3 +35,14 @@ def test_other_layers_and_autocast_take_the_module_path():
         assert lin.linear(x, layer).dtype == torch.bfloat16  # autocast's bf16 matmul, not ours
     doubled = torch.nn.Linear(8, 4).double()
     assert lin.linear(x.double(), doubled).dtype == torch.float64
+
+
+def test_training_caps_onednn_primitive_cache_but_a_user_setting_wins(monkeypatch):
+    from seqtool.linear import limit_primitive_cache
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    limit_primitive_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    limit_primitive_cache()
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
