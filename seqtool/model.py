@@ -57,6 +57,7 @@ class KVCache:
     cross_v: list[Tensor] = field(default_factory=list)
     src_pad: Optional[Tensor] = None  # (B / group, S) True at padding
     group: int = 1  # decoder rows per sentence
+    dtype: Optional[torch.dtype] = None  # of the stored keys/values (see Transformer.new_cache)
     steps: int = 0  # target positions already consumed
     rows: int = 0  # decoder rows now (B)
     self_k: list[Tensor] = field(default_factory=list)  # each (R >= B, H, capacity, K); rows [:B], positions [:steps] hold data
@@ -74,7 +75,7 @@ class KVCache:
             self.rows = B
             shape = (B, H, t + T + self.GROW, K)
             for buffers in (self.self_k, self.self_v, self.spare_k, self.spare_v):
-                buffers.append(k.new_empty(shape))
+                buffers.append(k.new_empty(shape, dtype=self.dtype or k.dtype))
         elif t + T > self.self_k[layer].size(2):
             extra = t + T - self.self_k[layer].size(2) + self.GROW
             for buffers in (self.self_k, self.self_v):  # keep what is stored; the spares hold nothing
@@ -83,7 +84,7 @@ class KVCache:
             for spares in (self.spare_k, self.spare_v):
                 spares[layer] = self.self_k[layer].new_empty(self.self_k[layer].shape)
         kb, vb = self.self_k[layer], self.self_v[layer]
-        kb[:B, :, t : t + T] = k
+        kb[:B, :, t : t + T] = k  # (cast to the cache's dtype)
         vb[:B, :, t : t + T] = v
         return kb[:B, :, : t + T], vb[:B, :, : t + T]
 
@@ -187,12 +188,13 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         weights = None
         if explicit:
+            q = q.to(k.dtype)  # a CPU decoding cache holds float32 keys/values
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.k)  # (B, H, T, Tk)
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
             probs = scores.float().softmax(dim=-1).to(q.dtype)
             weights = probs if need_weights else None
-            out = F.dropout(probs, p, self.training) @ v  # (B, H, Tq, K)
+            out = (F.dropout(probs, p, self.training) @ v).to(x.dtype)  # (B, H, Tq, K)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
         if G > 1:  # (B/G, H, G*T, .) back to one row per hypothesis (B, H, T, .)
@@ -344,12 +346,16 @@ class Transformer(nn.Module):
     def new_cache(self, memory: Tensor, src_pad: Tensor, group: int = 1) -> KVCache:
         """An empty cache with every layer's cross-attention keys/values projected once. With
         group G, each of the B sentences is decoded as G adjacent rows (beams): decode then takes
-        B*G rows, and the keys/values are still stored once per sentence."""
-        cache = KVCache(src_pad=src_pad, group=group)
+        B*G rows, and the keys/values are still stored once per sentence. On CPU they are stored
+        in float32 whatever the model's precision: attention over a few query rows is a batch of
+        tiny matrix products, which run several times slower in bf16 than in float32 there, and
+        the casts of a 16-bit cache cost more than the memory they save."""
+        store = torch.float32 if memory.device.type == "cpu" else memory.dtype
+        cache = KVCache(src_pad=src_pad, group=group, dtype=store)
         for layer in self.decoder:
             k, v = layer.cross_attn.project_kv(memory)  # (B, H, S, K)
-            cache.cross_k.append(k)
-            cache.cross_v.append(v)
+            cache.cross_k.append(k.to(store))
+            cache.cross_v.append(v.to(store))
         return cache
 
     def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None,

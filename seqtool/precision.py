@@ -3,9 +3,9 @@
 Owns the choice of arithmetic at inference time (training's mixed precision lives in train.py):
 
 - ``--precision bf16`` (CPU and CUDA) / ``fp16`` (CUDA only): the weights are cast once, so every
-  matrix product, the attention and the key/value cache run in 16 bits with no per-step casts;
-  search.py turns the logits back to float32 before the log-softmax, so scores and ranking stay
-  float32.
+  linear layer runs in 16 bits; on CUDA the attention and the key/value cache do too, while on CPU
+  the decoding cache and its attention stay float32 (model.new_cache says why). search.py turns
+  the logits back to float32 before the log-softmax, so scores and ranking stay float32.
 - ``--quantize int8`` (CPU only): dynamic quantization of every linear layer (weights int8 per
   output channel, activations quantized per call), through torch's fbgemm/oneDNN kernels. The
   output projection, tied to the embedding, gets its own int8 copy; the embedding stays float32.
