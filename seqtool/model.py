@@ -354,8 +354,9 @@ class Transformer(nn.Module):
         cache = KVCache(src_pad=src_pad, group=group, dtype=store)
         for layer in self.decoder:
             k, v = layer.cross_attn.project_kv(memory)  # (B, H, S, K)
-            cache.cross_k.append(k.to(store))
-            cache.cross_v.append(v.to(store))
+            # contiguous: as views into the fused K|V projection, every step's matmul would copy them
+            cache.cross_k.append(k.to(store).contiguous())
+            cache.cross_v.append(v.to(store).contiguous())
         return cache
 
     def decode_features(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None,
