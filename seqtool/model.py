@@ -198,9 +198,11 @@ class MultiHeadAttention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
         if G > 1:  # (B/G, H, G*T, .) back to one row per hypothesis (B, H, T, .)
-            out = out.view(B // G, self.h, G, T, -1).transpose(1, 2).reshape(B, self.h, T, -1)
-            if weights is not None:
-                weights = weights.view(B // G, self.h, G, T, -1).transpose(1, 2).reshape(B, self.h, T, -1)
+            def ungroup(y: Tensor) -> Tensor:
+                return y.view(B // G, self.h, G, T, -1).transpose(1, 2).reshape(B, self.h, T, -1)
+
+            out = ungroup(out)
+            weights = None if weights is None else ungroup(weights)
         out = out.transpose(1, 2).reshape(B, T, D)  # heads concatenated
         return linear(out, self.out_proj), weights
 
