@@ -24,7 +24,7 @@ from typing import BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Uni
 
 import torch
 
-from . import ensemble, log, precision
+from . import allocator, ensemble, log, precision
 from .attention import align_hypotheses, format_alignment, resolve_layer
 from .config import DecodeConfig
 from .search import Hypothesis, Sampling, search
@@ -52,6 +52,9 @@ class Translator:
 
     >>> t = Translator.load("run/best.pt", beam=5)        # any DecodeConfig field, e.g. quantize="int8"
     >>> t.translate(["Hola mundo."])                       # a list in, a list out
+
+    Like config.threads (torch.set_num_threads), loading for CPU changes the process: glibc
+    keeps freed memory for reuse (allocator.keep_freed_memory).
     """
 
     def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device):
@@ -75,6 +78,8 @@ class Translator:
             torch.set_num_threads(config.threads)
         device = pick_device(config.device)
         precision.check(device, config.precision, config.quantize)
+        if device.type == "cpu":
+            allocator.keep_freed_memory()  # no page faults for every step's buffers (allocator.py)
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
         model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")

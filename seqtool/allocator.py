@@ -1,0 +1,56 @@
+"""The C allocator's policy for decoding on CPU: keep freed memory for reuse (glibc only).
+
+Decoding frees and allocates the same large blocks every step and every batch: the logits
+(rows x V), the caches' key/value buffers (megabytes each), the int8 kernels' scratch space.
+glibc serves a block above its mmap threshold with fresh pages from the kernel, and trims
+the heap's top when more than twice that is free. Either way the next step's block of the
+same size is page-faulted in and zero-filled again. Profiled on int8 beam-5 decoding of 600
+test lines: writing one position into a fresh cache buffer took 0.5-0.7 ms instead of 0.05 ms,
+and the process took about 350,000 more minor page faults.
+
+keep_freed_memory() raises the mmap threshold to glibc's maximum (32 MiB) and the trim
+threshold to 1 GiB, so freed blocks stay in the heap and are reused without faults. The peak
+RSS is unchanged (the blocks were live at the peak anyway); the process just does not give
+memory back between steps. Measured on the cpu-small int8 model (600 lines, beam 5, 2 threads,
+6 interleaved runs): median 2,880 target tokens/s against 2,446 (+18%).
+
+It changes the whole process (as torch.set_num_threads does), so it is applied where decoding
+owns the process: `Translator.load` on CPU. Training leaves glibc's defaults alone (there the
+question is fragmentation, see linear.limit_primitive_cache).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
+M_TOP_PAD = -2
+M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit systems
+TRIM_THRESHOLD = 1 << 30
+TOP_PAD = 64 << 20  # heap growth in steps of 64 MiB: fewer brk calls
+
+_applied = False
+
+
+def keep_freed_memory() -> bool:
+    """Set glibc's thresholds (once per process). False where there is no glibc (macOS, musl,
+    Windows): those allocators are left as they are."""
+    global _applied
+    if _applied:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    ok = all(mallopt(p, v) == 1 for p, v in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                                              (M_TOP_PAD, TOP_PAD)))
+    _applied = ok
+    return ok
