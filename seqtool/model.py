@@ -43,14 +43,19 @@ class KVCache:
     Rows are decoder rows: sentences x `group` (beams, or samples), a sentence's rows adjacent.
     The cross-attention keys/values are kept once per sentence, not once per row: a sentence's
     beams attend to them as one group of queries, so each step reads them once instead of
-    `group` times. The self-attention keys/values live in preallocated buffers (R, H, capacity, K)
-    written in place each step (no torch.cat copy of the whole history per step), with a spare
-    buffer per layer that `reorder` gathers into.
+    `group` times.
 
-    `reorder(index)` keeps row index[i] as row i: beam search calls it with the parent of each
-    surviving hypothesis, and with a shorter index when finished sentences leave the batch (then
-    `cross=True`, as the sentences change too). An index that splits a sentence's group (a sample
-    that ends before its siblings) turns the cross keys/values into one copy per row (group 1).
+    The self-attention keys/values of a layer are a view (B, H, capacity, K) into a flat buffer,
+    positions [:steps] filled; a step writes its position in place (no torch.cat copy of the
+    whole history per step). `reorder(index)` keeps row index[i] as row i: beam search calls it
+    every step with the parent of each surviving hypothesis, and with a shorter index when
+    finished sentences leave the batch (then `cross=True`, as the sentences change too). It
+    gathers into a second flat buffer (the two swap roles, so no step allocates) laid out with
+    capacity steps + 1, exactly what the next step fills: attention then reads whole contiguous
+    (B, H, t, K) blocks, which CPU batched matmul reads about 2x faster than views with spare
+    capacity in between (measured at 320 rows, 30 positions). Without reorders (greedy), a full
+    buffer grows by GROW positions. An index that splits a sentence's group (a sample that ends
+    before its siblings) turns the cross keys/values into one copy per row (group 1).
     """
 
     cross_k: list[Tensor] = field(default_factory=list)  # each (B / group, H, S, K)
@@ -59,46 +64,54 @@ class KVCache:
     group: int = 1  # decoder rows per sentence
     dtype: Optional[torch.dtype] = None  # of the stored keys/values (see Transformer.new_cache)
     steps: int = 0  # target positions already consumed
-    rows: int = 0  # decoder rows now (B)
-    self_k: list[Tensor] = field(default_factory=list)  # each (R >= B, H, capacity, K); rows [:B], positions [:steps] hold data
+    self_k: list[Tensor] = field(default_factory=list)  # each (B, H, capacity, K), a view into flat_k
     self_v: list[Tensor] = field(default_factory=list)
-    spare_k: list[Tensor] = field(default_factory=list)  # reorder's gather target, swapped with self_k
+    flat_k: list[Tensor] = field(default_factory=list)  # 1-D storage behind self_k
+    flat_v: list[Tensor] = field(default_factory=list)
+    spare_k: list[Tensor] = field(default_factory=list)  # 1-D storage that reorder gathers into
     spare_v: list[Tensor] = field(default_factory=list)
 
     GROW = 32  # positions added when a buffer is full: at most 32 unused positions per row
+
+    @staticmethod
+    def _view(flat: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+        """`shape` viewed over the front of `flat`, which is replaced by a larger one if too small."""
+        n = math.prod(shape)
+        if flat.numel() < n:
+            flat = flat.new_empty(n + n // 4)  # room for a few more positions before the next allocation
+        return flat, flat[:n].view(shape)
 
     def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new positions' keys/values (B, H, T, K); return all so far (B, H, steps + T, K)."""
         B, H, T, K = k.shape
         t = self.steps
         if layer == len(self.self_k):  # first call for this layer
-            self.rows = B
-            shape = (B, H, t + T + self.GROW, K)
-            for buffers in (self.self_k, self.self_v, self.spare_k, self.spare_v):
-                buffers.append(k.new_empty(shape, dtype=self.dtype or k.dtype))
-        elif t + T > self.self_k[layer].size(2):
-            extra = t + T - self.self_k[layer].size(2) + self.GROW
-            for buffers in (self.self_k, self.self_v):  # keep what is stored; the spares hold nothing
-                old = buffers[layer]
-                buffers[layer] = torch.cat([old, old.new_empty(old.size(0), H, extra, K)], dim=2)
-            for spares in (self.spare_k, self.spare_v):
-                spares[layer] = self.self_k[layer].new_empty(self.self_k[layer].shape)
+            empty = k.new_empty(0, dtype=self.dtype or k.dtype)
+            for flats, views in ((self.flat_k, self.self_k), (self.flat_v, self.self_v)):
+                flat, view = self._view(empty, (B, H, t + T + self.GROW, K))
+                flats.append(flat)
+                views.append(view)
+            self.spare_k.append(empty)
+            self.spare_v.append(empty)
+        elif t + T > self.self_k[layer].size(2):  # full: copy into a larger buffer
+            for flats, views, spares in ((self.flat_k, self.self_k, self.spare_k), (self.flat_v, self.self_v, self.spare_v)):
+                old = views[layer]
+                spare, view = self._view(spares[layer], (B, H, t + T + self.GROW, K))
+                view[:, :, :t] = old[:, :, :t]
+                spares[layer], flats[layer], views[layer] = flats[layer], spare, view
         kb, vb = self.self_k[layer], self.self_v[layer]
-        kb[:B, :, t : t + T] = k  # (cast to the cache's dtype)
-        vb[:B, :, t : t + T] = v
-        return kb[:B, :, : t + T], vb[:B, :, : t + T]
+        kb[:, :, t : t + T] = k  # (cast to the cache's dtype)
+        vb[:, :, t : t + T] = v
+        return kb[:, :, : t + T], vb[:, :, : t + T]
 
     def reorder(self, index: Tensor, cross: bool = True) -> None:
         n, t = index.numel(), self.steps
         for layer in range(len(self.self_k)):
-            for buffers, spares in ((self.self_k, self.spare_k), (self.self_v, self.spare_v)):
-                src, dst = buffers[layer], spares[layer]
-                if dst.size(0) < n:  # more rows than the buffers were made for (a reorder that copies rows)
-                    dst = src.new_empty(n, *src.shape[1:])
-                    spares[layer] = dst
-                torch.index_select(src[: self.rows, :, :t], 0, index, out=dst[:n, :, :t])
-                buffers[layer], spares[layer] = dst, src
-        self.rows = n
+            for flats, views, spares in ((self.flat_k, self.self_k, self.spare_k), (self.flat_v, self.self_v, self.spare_v)):
+                src = views[layer]
+                spare, dst = self._view(spares[layer], (n, src.size(1), t + 1, src.size(3)))  # room for the next step
+                torch.index_select(src[:, :, :t], 0, index, out=dst[:, :, :t])
+                spares[layer], flats[layer], views[layer] = flats[layer], spare, dst
         if cross:
             self._reorder_cross(index)
 
