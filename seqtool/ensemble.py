@@ -33,9 +33,9 @@ class EnsembleCache:
     def steps(self) -> int:
         return self.caches[0].steps
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
+    def reorder(self, index: Tensor, cross: bool = True, group: Optional[int] = None) -> None:
         for cache in self.caches:
-            cache.reorder(index, cross)
+            cache.reorder(index, cross, group)
 
 
 class Ensemble:

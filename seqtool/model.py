@@ -43,7 +43,8 @@ class KVCache:
     Rows are decoder rows: sentences x `group` (beams, or samples), a sentence's rows adjacent.
     The cross-attention keys/values are kept once per sentence, not once per row: a sentence's
     beams attend to them as one group of queries, so each step reads them once instead of
-    `group` times.
+    `group` times. `reorder(index, group=G)` regroups: beam search decodes its first step with one
+    row per sentence (every beam starts from the same BOS) and then makes G rows of each.
 
     The self-attention keys/values of a layer are a view (B, H, capacity, K) into a flat buffer,
     positions [:steps] filled; a step writes its position in place (no torch.cat copy of the
@@ -104,7 +105,7 @@ class KVCache:
         vb[:, :, t : t + T] = v
         return kb[:, :, : t + T], vb[:, :, : t + T]
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
+    def reorder(self, index: Tensor, cross: bool = True, group: Optional[int] = None) -> None:
         n, t = index.numel(), self.steps
         for layer in range(len(self.self_k)):
             for flats, views, spares in ((self.flat_k, self.self_k, self.spare_k), (self.flat_v, self.self_v, self.spare_v)):
@@ -113,15 +114,17 @@ class KVCache:
                 torch.index_select(src[:, :, :t], 0, index, out=dst[:, :, :t])
                 spares[layer], flats[layer], views[layer] = flats[layer], spare, dst
         if cross:
-            self._reorder_cross(index)
+            self._reorder_cross(index, group or self.group)
 
-    def _reorder_cross(self, index: Tensor) -> None:
-        G = self.group
-        sentence = index // G  # (n,) the sentence each new row belongs to
-        if G > 1:
-            whole = index.numel() % G == 0 and bool((sentence.view(-1, G) == sentence.view(-1, G)[:, :1]).all())
-            if whole:  # every new group of G rows comes from one sentence: keep one copy per sentence
-                sentence = sentence.view(-1, G)[:, 0]
+    def _reorder_cross(self, index: Tensor, group: int) -> None:
+        """Cross keys/values for the new rows, one copy per `group` new rows when each such group
+        comes from one sentence (beam search's first step turns 1 row per sentence into `group`)."""
+        sentence = index // self.group  # (n,) the sentence each new row belongs to
+        self.group = group
+        if group > 1:
+            whole = index.numel() % group == 0 and bool((sentence.view(-1, group) == sentence.view(-1, group)[:, :1]).all())
+            if whole:  # every new group of rows comes from one sentence: keep one copy per sentence
+                sentence = sentence.view(-1, group)[:, 0]
             else:  # rows leave one at a time: one copy of the cross keys/values per row from now on
                 self.group = 1
         self.cross_k = [k.index_select(0, sentence) for k in self.cross_k]

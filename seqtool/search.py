@@ -206,27 +206,34 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     memory, src_pad = model.encode(src)
     max_len0 = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions)  # (B,)
     L = int(max_len0.max()) + 1  # generated tokens incl. EOS
-    cache = model.new_cache(memory, src_pad, group=K)  # one row per beam, adjacent; cross-attention K/V once per sentence
+    # Every beam starts from the same BOS: step 0 decodes one row per sentence (rows = 1), whose
+    # best candidates then become the K beams (rows = K, adjacent; cross-attention K/V kept once
+    # per sentence).
+    cache = model.new_cache(memory, src_pad, group=1)
+    rows = 1
     alive = torch.arange(B, device=device)  # original index of each active sentence
-    tokens = torch.full((B * K, 1), c.bos_id, dtype=torch.long, device=device)  # (b*K, 1+t)
-    scores = torch.full((B, K), NEG_INF, device=device)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first at step 0
+    tokens = torch.full((B, 1), c.bos_id, dtype=torch.long, device=device)  # (b*rows, 1+t)
+    scores = torch.zeros(B, 1, device=device)  # (b, rows)
     # Finished hypotheses per original sentence: normalised score and tokens (BOS ... EOS, padded).
     fin_scores = torch.full((B, K), NEG_INF, device=device)
     fin_tokens = torch.full((B, K, L + 1), c.pad_id, dtype=torch.long, device=device)
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
     for step in range(L):
         b = alive.numel()
-        lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(K), min_len)
+        lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(rows), min_len)
         # Each row's best 2K tokens hold the sentence's best 2K candidates (no row gives more), so
-        # the sentence ranks K x 2K candidates, not K x V.
-        lprobs, row_token = lprobs.topk(min(2 * K, lprobs.size(1)), dim=1)  # (b*K, W)
+        # the sentence ranks rows x 2K candidates, not rows x V.
+        lprobs, row_token = lprobs.topk(min(2 * K, lprobs.size(1)), dim=1)  # (b*rows, W)
         W = lprobs.size(1)
-        cand = scores[:, :, None] + lprobs.view(b, K, W)  # (b, K, W)
-        n_cand = min(2 * K, K * W)
+        cand = scores[:, :, None] + lprobs.view(b, rows, W)  # (b, rows, W)
+        n_cand = min(2 * K, rows * W)
         top_scores, top_index = cand.view(b, -1).topk(n_cand, dim=1)  # (b, 2K) best first
-        parent = top_index // W  # (b, 2K) beam within the sentence
-        token = row_token.view(b, K * W).gather(1, top_index)
+        if n_cand < K:  # a vocabulary smaller than the beam: the missing candidates are impossible ones
+            top_scores = torch.cat([top_scores, top_scores.new_full((b, K - n_cand), NEG_INF)], dim=1)
+            top_index = torch.cat([top_index, top_index.new_zeros(b, K - n_cand)], dim=1)
+            n_cand = K
+        parent = top_index // W  # (b, 2K) row within the sentence
+        token = row_token.view(b, rows * W).gather(1, top_index)
         is_eos = token.eq(c.eos_id) & torch.isfinite(top_scores)
 
         # 1. EOS among the best K candidates: finished, merged into the sentence's best K.
@@ -234,7 +241,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         finishing[:, K:] = False
         if bool(finishing.any()):
             norm = torch.where(finishing, top_scores / float(step + 1) ** lenpen, torch.full_like(top_scores, NEG_INF))
-            src_rows = (torch.arange(b, device=device)[:, None] * K + parent).view(-1)  # (b*2K,)
+            src_rows = (torch.arange(b, device=device)[:, None] * rows + parent).view(-1)  # (b*2K,)
             seqs = torch.full((b, n_cand, L + 1), c.pad_id, dtype=torch.long, device=device)
             seqs[:, :, : step + 1] = tokens[src_rows].view(b, n_cand, step + 1)
             seqs[:, :, step + 1] = c.eos_id
@@ -248,7 +255,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         # 2. The best K candidates that are not EOS continue.
         cont = torch.where(token.eq(c.eos_id), torch.full_like(top_scores, NEG_INF), top_scores)
         scores, pick = cont.topk(K, dim=1)  # (b, K)
-        parent_rows = (torch.arange(b, device=device)[:, None] * K + parent.gather(1, pick)).view(-1)  # (b*K,)
+        parent_rows = (torch.arange(b, device=device)[:, None] * rows + parent.gather(1, pick)).view(-1)  # (b*K,)
         next_token = token.gather(1, pick).view(-1, 1)
 
         # 3. Sentences with K finished hypotheses (or at their length limit) leave the batch.
@@ -261,10 +268,11 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
             scores = scores[keep]
             parent_rows = parent_rows.view(b, K)[keep].view(-1)
             next_token = next_token.view(b, K)[keep].view(-1, 1)
-            cache.reorder(parent_rows, cross=True)
-        else:
-            cache.reorder(parent_rows, cross=False)  # cross K/V are equal across a sentence's beams
+            cache.reorder(parent_rows, cross=True, group=K)
+        else:  # cross K/V are equal across a sentence's beams: only the first step regroups them
+            cache.reorder(parent_rows, cross=rows != K, group=K)
         tokens = torch.cat([tokens[parent_rows], next_token], dim=1)
+        rows = K
 
     out_scores = fin_scores[:, :nbest].tolist()
     out_tokens = fin_tokens[:, :nbest].tolist()

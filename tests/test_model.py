@@ -102,24 +102,26 @@ def test_cache_reorder_moves_rows(tiny_model):
 
 @pytest.mark.parametrize("grow", [1, 32])
 def test_grouped_cache_reorders_drops_and_splits_like_the_full_forward(tiny_model, monkeypatch, grow):
-    """Beams of a sentence share one copy of the encoder's keys/values (group 2). Swapping beams,
-    dropping a sentence, and splitting a sentence's rows (the cache falls back to one copy per
-    row) must all leave every row's next-token logits equal to a full forward of its history;
-    GROW=1 makes the self-attention buffers grow at every step."""
+    """Beams of a sentence share one copy of the encoder's keys/values (group 2). Turning one row
+    per sentence into two (beam search's first step), swapping beams, dropping a sentence, and
+    splitting a sentence's rows (the cache falls back to one copy per row) must all leave every
+    row's next-token logits equal to a full forward of its history; GROW=1 makes the
+    self-attention buffers grow at every step."""
     monkeypatch.setattr(KVCache, "GROW", grow)
     src, _ = _src_tgt(batch=3)
     G = 2
     g = torch.Generator().manual_seed(3)
-    rows_src = src.repeat_interleave(G, 0)  # (6, S): row r decodes sentence r // G
-    history = torch.full((6, 1), 2, dtype=torch.long)  # BOS
-    reorders = [(torch.tensor([1, 0, 3, 2, 5, 4]), False),  # beams swap parents within each sentence
-                (torch.tensor([0, 0, 4, 5]), True),  # sentence 1 leaves; one beam of sentence 0 copied
-                (torch.tensor([1, 2, 3]), True),  # sentence 0 keeps one row of its two: groups split
-                (torch.tensor([2, 0]), True)]
+    rows_src = src  # (3, S): row r decodes sentence r, then after the regroup row r decodes r // G
+    history = torch.full((3, 1), 2, dtype=torch.long)  # BOS
+    reorders = [(torch.tensor([0, 0, 1, 1, 2, 2]), True, G, G),  # one row per sentence becomes G
+                (torch.tensor([1, 0, 3, 2, 5, 4]), False, None, G),  # beams swap parents within each sentence
+                (torch.tensor([0, 0, 4, 5]), True, None, G),  # sentence 1 leaves; one beam of sentence 0 copied
+                (torch.tensor([1, 2, 3]), True, None, 1),  # sentence 0 keeps one row of its two: groups split
+                (torch.tensor([2, 0]), True, None, 1)]
     with torch.no_grad():
         memory, pad = tiny_model.encode(src)
-        cache = tiny_model.new_cache(memory, pad, group=G)
-        for index, cross in reorders + [(None, None)]:
+        cache = tiny_model.new_cache(memory, pad, group=1)
+        for index, cross, group, expected_group in reorders + [(None,) * 4]:
             step = tiny_model.decode(history[:, -1:], None, None, cache)[:, 0]  # (rows, V)
             full = tiny_model(rows_src, history)[:, -1]
             torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
@@ -127,8 +129,9 @@ def test_grouped_cache_reorders_drops_and_splits_like_the_full_forward(tiny_mode
                 break
             history = torch.cat([history, torch.randint(4, 40, (history.size(0), 1), generator=g)], 1)[index]
             rows_src = rows_src[index]
-            cache.reorder(index, cross)
-    assert cache.group == 1  # the split turned the shared copies into one per row
+            cache.reorder(index, cross, group)
+            assert cache.group == expected_group
+            assert len(cache.cross_k[0]) == len(index) // expected_group  # one copy per group of rows
 
 
 def test_need_weights_path_gives_the_fused_output():

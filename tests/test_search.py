@@ -28,7 +28,7 @@ class FakeCache:
         self.prefix = torch.zeros(len(src_ids), 0, dtype=torch.long)
         self.steps = 0
 
-    def reorder(self, index, cross=True):
+    def reorder(self, index, cross=True, group=None):
         self.prefix = self.prefix[index]
         self.src_ids = self.src_ids[index]
 
@@ -121,7 +121,17 @@ def test_sentences_in_a_batch_are_decoded_independently_and_finished_ones_leave(
     batch = beam_search(model, _src(3), beam=2, lenpen=1.0, nbest=2)
     alone = [beam_search(ScriptedModel([t], NO_EOS), _src(), beam=2, lenpen=1.0, nbest=2)[0] for t in (TABLE, short, TABLE)]
     assert [[(h.tokens, round(h.score, 6)) for h in hs] for hs in batch] == [[(h.tokens, round(h.score, 6)) for h in hs] for hs in alone]
-    assert min(model.calls) < max(model.calls)  # rows dropped once sentences finished
+    assert model.calls[:2] == [3, 6]  # step 0: one row per sentence (all beams are BOS), then beam rows
+    assert min(model.calls[1:]) < max(model.calls[1:])  # rows dropped once sentences finished
+
+
+def test_a_beam_wider_than_the_vocabulary_keeps_only_possible_hypotheses():
+    model = ScriptedModel([TABLE], NO_EOS)
+    hyps = beam_search(model, _src(), beam=8, lenpen=1.0, nbest=8, max_len_b=4)[0]  # V = 6 < 8 candidates
+    assert hyps and all(math.isfinite(h.score) for h in hyps)
+    assert len({tuple(h.tokens) for h in hyps}) == len(hyps)  # no hypothesis twice
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+    assert hyps[0].tokens == beam_search(model, _src(), beam=6, lenpen=1.0, max_len_b=4)[0][0].tokens
 
 
 def test_nbest_is_sorted_and_distinct():
