@@ -20,13 +20,54 @@ from pathlib import Path
 
 from cpu_small import FAILURES, REPO, log, read_json, run, split_file
 
-SEQTOOL = {"seqtool fp32": ("fp32", "none"), "seqtool int8": ("fp32", "int8"), "seqtool bf16": ("bf16", "none")}
+# seqtool: (precision, quantize, workers). workers 2 = `--workers 2`: two decoding processes of one
+# thread each (seqtool's throughput mode, as CTranslate2's inter_threads).
+SEQTOOL = {"seqtool fp32": ("fp32", "none", 1), "seqtool int8": ("fp32", "int8", 1), "seqtool bf16": ("bf16", "none", 1),
+           "seqtool int8 workers2": ("fp32", "int8", 2), "seqtool bf16 workers2": ("bf16", "none", 2),
+           "seqtool fp32 workers2": ("fp32", "none", 2)}
 # CTranslate2: (compute type, inter_threads). inter 1 runs one batch at a time on all the threads
 # (as seqtool does); inter 2 runs two batches at once, one thread each: CTranslate2's throughput
 # mode, faster on this 2-core machine, so it is measured too and the table compares with both.
 CT2 = {"ct2 fp32": ("float32", 1), "ct2 int8": ("int8", 1), "ct2 fp32 inter2": ("float32", 2), "ct2 int8 inter2": ("int8", 2)}
 VARIANTS = list(SEQTOOL) + list(CT2)
-DEFAULT_VARIANTS = [v for v in VARIANTS if v != "ct2 int8 inter2"]
+DEFAULT_VARIANTS = [v for v in VARIANTS if v not in ("ct2 int8 inter2", "seqtool fp32 workers2")]
+
+
+def _tree_rss_mib(pid: int) -> float:
+    """Resident memory of a process and all its descendants (Linux /proc), MiB."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(l.split()[1]) for l in f if l.startswith("VmRSS:")), 0)
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total / 1024
+
+
+class _PeakTreeRss:
+    """Samples _tree_rss_mib of this process every 0.1 s: /usr/bin/time's peak RSS counts one process,
+    and --workers decodes in several."""
+
+    def __init__(self):
+        import threading
+
+        self.peak, self.stop = 0.0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.wait(0.1):
+            self.peak = max(self.peak, _tree_rss_mib(os.getpid()))
+
+    def done(self) -> float:
+        self.stop.set()
+        self.thread.join()
+        return round(max(self.peak, _tree_rss_mib(os.getpid())), 1)
 
 
 def _read(path: str) -> list[str]:
@@ -37,21 +78,26 @@ def _write(path: str, hyps: list[str]) -> None:
     Path(path).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
 
 
-def decode_seqtool(ckpt, src, beam, threads, prec, quantize, batch, hyp_out, json_out) -> None:
-    """Helper process: Translator.translate_chunk over all lines, timed alone."""
+def decode_seqtool(ckpt, src, beam, threads, prec, quantize, workers, batch, hyp_out, json_out) -> None:
+    """Helper process: Translator.translate_chunk over all lines, timed alone (with --workers,
+    the worker processes are started and loaded before the clock starts, as the model is)."""
     from seqtool.config import DecodeConfig
     from seqtool.translate import Translator
 
+    rss = _PeakTreeRss() if int(workers) > 1 else None
     lines = _read(src)
     cfg = DecodeConfig(beam=int(beam), lenpen=1.0, batch_size=int(batch), max_len_a=0.0, max_len_b=200, device="cpu",
-                       precision=prec, quantize=quantize, threads=int(threads), chunk_lines=max(1, len(lines)))
-    translator = Translator.load(Path(ckpt), cfg)
-    t0 = time.perf_counter()
-    out = translator.translate_chunk(0, lines)
-    sec = time.perf_counter() - t0
+                       precision=prec, quantize=quantize, threads=int(threads), workers=int(workers),
+                       chunk_lines=max(1, len(lines)))
+    with Translator.load(Path(ckpt), cfg) as translator:
+        t0 = time.perf_counter()
+        out = translator.translate_chunk(0, lines)
+        sec = time.perf_counter() - t0
+        figures = {"peak_rss_all_processes_mib": rss.done()} if rss else {}
     ntok = sum(len(t.hypotheses[0].tokens) + 1 if t.hypotheses else 1 for t in out)  # pieces + EOS
     _write(hyp_out, [t.texts[0] if t.texts else "" for t in out])
-    Path(json_out).write_text(json.dumps({"sentences": len(out), "target_tokens_incl_eos": ntok, "decode_seconds": round(sec, 3)}))
+    Path(json_out).write_text(json.dumps({"sentences": len(out), "target_tokens_incl_eos": ntok, "decode_seconds": round(sec, 3),
+                                          **figures}))
 
 
 def decode_ct2(model_dir, src, beam, threads, compute_type, inter, batch, hyp_out, json_out) -> None:
@@ -118,7 +164,7 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch, every system (default 64)")
     p.add_argument("--beams", default="5,1", help="comma list (default 5,1)")
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                   help=f"comma list of: {', '.join(VARIANTS)} (default all but ct2 int8 inter2)")
+                   help=f"comma list of: {', '.join(VARIANTS)} (default all but ct2 int8 inter2 and seqtool fp32 workers2)")
     p.add_argument("--ct2-isa", default="AVX512", help="CT2_FORCE_CPU_ISA for CTranslate2 ('' = its own choice; default AVX512, its best here)")
     p.add_argument("--work", type=Path, help="scratch dir (default bench/out/translate-<timestamp>)")
     a = p.parse_args()
@@ -169,6 +215,8 @@ def main() -> int:
             row = {"system": v, "beam": beam, "peak_rss_mib": r.get("peak_rss_mib"), "process_wall_s": r["wall_s"]}
             figures = read_json(js) if r["ok"] else None
             if figures:
+                if figures.get("peak_rss_all_processes_mib"):  # the decoding processes together
+                    row["peak_rss_mib"] = figures.pop("peak_rss_all_processes_mib")
                 row.update(figures, sentences_per_s=figures["sentences"] / figures["decode_seconds"],
                            tokens_per_s=figures["target_tokens_incl_eos"] / figures["decode_seconds"], **score(hyp, ref))
             rows.append(row)

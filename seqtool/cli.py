@@ -275,6 +275,7 @@ def translate(
     precision: Precision = "fp32",
     quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
     threads: Threads = 0,
+    workers: Annotated[int, typer.Option("--workers", help="CPU decoding processes, each on --threads/N threads, decoding batches in parallel: more throughput for files (CTranslate2's inter_threads).")] = 1,
     sampling: Annotated[bool, typer.Option("--sampling", help="Draw --nbest random translations per line instead of searching (--beam unused).")] = False,
     topk: Annotated[int, typer.Option("--topk", help="--sampling among the K most probable tokens (0 = all).")] = 0,
     topp: Annotated[float, typer.Option("--topp", help="--sampling among the most probable tokens whose mass reaches P (nucleus; 1.0 = all).")] = 1.0,
@@ -290,7 +291,7 @@ def translate(
     config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
                           max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores,
                           print_alignment=print_alignment, alignment_layer=alignment_layer, device=device,
-                          precision=precision, quantize=quantize, threads=threads, errors=errors,
+                          precision=precision, quantize=quantize, threads=threads, workers=workers, errors=errors,
                           sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
                           score_reference=score_reference, target=str(target) if target is not None else "")
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken

@@ -177,6 +177,7 @@ class DecodeConfig(_Config):
     precision: str = "fp32"  # bf16 (CPU, CUDA) / fp16 (CUDA): weights cast once, see precision.py
     quantize: str = "none"  # int8: dynamic quantization of the linear layers (CPU)
     threads: int = 0
+    workers: int = 1  # CPU decoding processes, batches in parallel, threads / workers threads each (workers.py)
     chunk_lines: int = 2048  # lines read, sorted and batched together
     errors: str = "replace"  # invalid UTF-8 in the input: replace (with a warning) or strict (stop)
     # --sampling: draw nbest samples per line instead of searching (search.py); --beam is unused
@@ -208,6 +209,9 @@ class DecodeConfig(_Config):
             _check(self.nbest == 1 and not self.print_alignment,
                    "--score-reference prints one line per input line; drop --nbest and --print-alignment")
         _check(self.batch_size >= 1, "--batch-size must be >= 1")
+        _check(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
+        _check(self.threads == 0 or self.threads >= self.workers,
+               f"--workers {self.workers} needs at least one thread each; got --threads {self.threads}")
         _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
         _check(self.alignment_layer >= 0, f"--alignment-layer must be >= 0 (0 = the last layer), got {self.alignment_layer}")
         _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")

@@ -26,7 +26,7 @@ import torch
 
 from . import allocator, ensemble, log, precision
 from .attention import align_hypotheses, format_alignment, resolve_layer
-from .config import DecodeConfig
+from .config import ConfigError, DecodeConfig
 from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
@@ -57,8 +57,9 @@ class Translator:
     keeps freed memory for reuse (allocator.keep_freed_memory).
     """
 
-    def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device):
+    def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device, pool=None):
         self.model, self.tokenizer, self.config, self.device = model, tokenizer, config, device
+        self.pool = pool  # workers.WorkerPool that decodes the batches when config.workers > 1
         self.max_src = model.config.max_positions - 1  # room for the EOS
         # attention weights come from one network: an ensemble's first member aligns
         self.aligner = model.models[0] if isinstance(model, ensemble.Ensemble) else model
@@ -83,7 +84,27 @@ class Translator:
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
         model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
-        return cls(model, tokenizer, config, device)
+        pool = None
+        if config.workers > 1:
+            if device.type != "cpu":
+                raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
+            from .workers import WorkerPool
+
+            each = max(1, (config.threads or torch.get_num_threads()) // config.workers)
+            pool = WorkerPool(paths, config, config.workers, each)
+        return cls(model, tokenizer, config, device, pool)
+
+    def close(self) -> None:
+        """Stop the worker processes (with workers > 1); the Translator is not used after this."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+    def __enter__(self) -> "Translator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _encode(self, start: int, lines: list[str]) -> list[list[int]]:
         """Token ids of each line (one tokenizer call per chunk), cropped to the model's positions."""
@@ -129,22 +150,31 @@ class Translator:
         todo = [k for k in range(len(lines)) if ids[k]]  # an empty line translates to an empty line
         lengths = [len(x) for x in ids]
         todo.sort(key=lambda k: lengths[k], reverse=True)
-        for batch in self._batches(todo, lengths):
-            src = self.source_tensor([ids[k] for k in batch])  # (b, S)
-            # the input line numbers seed each sentence's samples: the batching does not matter
-            keys = torch.tensor([start + k for k in batch]) if self.sampling else None
-            with torch.inference_mode():  # the model is already in its decoding precision (precision.py)
-                hyps = search(self.model, src, c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest,
-                              sampling=self.sampling, keys=keys)
-                if c.print_alignment:  # one forced pass over the final hypotheses; search is untouched
-                    for k, a in zip(batch, align_hypotheses(self.aligner, src, hyps, c.alignment_layer)):
-                        alignments[k] = a
-            for k, h in zip(batch, hyps):
-                results[k] = h
+        batches = list(self._batches(todo, lengths))
+        # the input line numbers seed each sentence's samples: the batching does not matter
+        jobs = [([ids[k] for k in batch], [start + k for k in batch]) for batch in batches]
+        done = self.pool.search(jobs) if self.pool is not None else (self.search_batch(*job) for job in jobs)
+        for batch, (hyps, aligned) in zip(batches, done):
+            for i, k in enumerate(batch):
+                results[k] = hyps[i]
+                if aligned is not None:
+                    alignments[k] = aligned[i]
         hyps_of = [results[k] or [] for k in range(len(lines))]
         texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in hyps_of for h in hyps]))  # one call per chunk
         return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
                 for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
+
+    def search_batch(self, rows: list[list[int]], keys: list[int]) -> tuple[list[list[Hypothesis]], Optional[list]]:
+        """One batch: token ids (without EOS) of each sentence and its key (input line number) ->
+        hypotheses per sentence, and with print_alignment their alignments. Worker processes run this."""
+        c = self.config
+        src = self.source_tensor(rows)  # (b, S)
+        with torch.inference_mode():  # the model is already in its decoding precision (precision.py)
+            hyps = search(self.model, src, c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest,
+                          sampling=self.sampling, keys=torch.tensor(keys) if self.sampling else None)
+            # one forced pass over the final hypotheses; search is untouched
+            aligned = list(align_hypotheses(self.aligner, src, hyps, c.alignment_layer)) if c.print_alignment else None
+        return hyps, aligned
 
     def translate(self, lines: Union[str, Iterable[str]]):
         """For programs that embed seqtool: one string -> its translation; a list or tuple -> a list;
@@ -285,17 +315,17 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
         open_binary(Path(config.target)).close()
         if input_path is not None:
             check_line_counts(input_path, Path(config.target))
-    translator = Translator.load(checkpoint_path, config)
-    output = output or sys.stdout
-    reader = _LineReader(stream, name, errors=config.errors)
-    if config.score_reference:
-        from .reference import score_stream
+    with Translator.load(checkpoint_path, config) as translator:  # (stops --workers processes at the end)
+        output = output or sys.stdout
+        reader = _LineReader(stream, name, errors=config.errors)
+        if config.score_reference:
+            from .reference import score_stream
 
-        return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
-    count = 0
-    for chunk in reader.chunks(config.chunk_lines):
-        for t in translator.translate_chunk(count, chunk):
-            output.write(format_translation(t, config))
-        output.flush()
-        count += len(chunk)
-    return count
+            return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
+        count = 0
+        for chunk in reader.chunks(config.chunk_lines):
+            for t in translator.translate_chunk(count, chunk):
+                output.write(format_translation(t, config))
+            output.flush()
+            count += len(chunk)
+        return count

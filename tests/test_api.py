@@ -159,3 +159,49 @@ def test_cli_sampling_is_reproducible(tiny_checkpoint):
     rows = [line.split("\t") for line in first.splitlines()]
     assert [r[0] for r in rows] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3 + ["3"] * 3 and all(len(r) == 3 for r in rows)
     assert run(5) == first  # (another seed giving other samples: test_samples_do_not_depend_on_batching_or_chunking)
+
+
+def test_workers_option_reaches_the_library_call(monkeypatch):
+    seen = _seen_by_translate_file(monkeypatch, ["-c", "m.pt", "--workers", "2", "--threads", "4"])
+    assert (seen["config"].workers, seen["config"].threads) == (2, 4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--workers", "3", "--threads", "2"], "--workers 3 needs at least one thread each"),
+])
+def test_workers_mistakes_get_one_clear_line(args, message):
+    result = runner.invoke(app, ["translate", "-c", "m.pt", *args])
+    assert result.exit_code == 1 and message in result.output and "Traceback" not in result.output
+
+
+def test_worker_processes_translate_exactly_as_one_process(api, tmp_path):
+    """Two decoding processes of one thread each give, line for line and in input order, what one
+    process with one thread gives: beam search with n-best, scores and alignments, and sampling
+    (its numbers depend on the line, not on the process)."""
+    Translator, ckpt = api
+    lines = [" ".join("abcdefgh"[(i * j) % 8] for j in range(1 + i % 7)) for i in range(40)] + [""]
+    options = dict(device="cpu", beam=3, nbest=2, max_len_b=8, batch_size=4, print_alignment=True)
+    one = Translator.load(ckpt, threads=1, **options)
+    with Translator.load(ckpt, threads=2, workers=2, **options) as two:
+        assert two.pool is not None and two.pool.n == 2
+        got, want = two.translate_chunk(0, lines), one.translate_chunk(0, lines)
+        assert [(t.index, t.texts, [h.tokens for h in t.hypotheses], t.alignments) for t in got] == \
+               [(t.index, t.texts, [h.tokens for h in t.hypotheses], t.alignments) for t in want]
+        assert [[h.score for h in t.hypotheses] for t in got] == pytest.approx([[h.score for h in t.hypotheses] for t in want])
+    assert two.pool is None  # closed
+    sampled = dict(device="cpu", sampling=True, nbest=2, max_len_b=8, batch_size=3, seed=7)
+    with Translator.load(ckpt, threads=2, workers=2, **sampled) as two:
+        assert two.translate(lines) == Translator.load(ckpt, threads=1, **sampled).translate(lines)
+
+
+def test_cli_workers_write_every_line_in_order(tiny_checkpoint):
+    lines = "".join(f"{'a b c d'[: 1 + i % 7]}\n" for i in range(30))
+    outs = []
+    for extra in (["--threads", "1"], ["--threads", "2", "--workers", "2", "--batch-size", "4"]):
+        result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--max-len-b", "6",
+                                 "--device", "cpu", "--print-scores", *extra], input=lines.encode(), capture_output=True, timeout=180)
+        assert result.returncode == 0, result.stderr.decode()
+        outs.append(result.stdout.decode().splitlines())
+    assert [r.split("\t")[0] for r in outs[1]] == [str(i) for i in range(30)]
+    assert [r.split("\t")[2] for r in outs[1]] == [r.split("\t")[2] for r in outs[0]]
