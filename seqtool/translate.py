@@ -5,7 +5,8 @@ Owns the path from lines of text to lines of translation: a bounded chunk of lin
 chunk), tokenized, cropped to the model's positions with a warning, sorted by length, batched
 under --max-tokens / --batch-size, searched, put back in input order, detokenized, written and
 flushed. `Translator` is also the Python API for programs that embed seqtool
-(`from seqtool import Translator`).
+(`from seqtool import Translator`). With --workers N the batches of a chunk are searched by N
+processes (workers.py) and everything else stays here.
 
 The reader thread reads blocks of bytes (at most BLOCK_BYTES, whatever has arrived on a pipe)
 and hands over lists of lines through a queue of at most QUEUE_BLOCKS blocks, so memory is
