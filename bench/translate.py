@@ -133,6 +133,12 @@ def f(x, nd=0) -> str:
     return "—" if x is None else f"{x:,.{nd}f}"
 
 
+def tokens(row: dict) -> str:
+    """Target tokens/s; over several rounds the median, with the slowest and fastest round."""
+    rounds = row.get("rounds_tokens_per_s") or []
+    return f(row.get("tokens_per_s")) + (f" ({min(rounds):,}-{max(rounds):,})" if len(rounds) > 1 else "")
+
+
 def table(rows: list[dict]) -> str:
     out = ["| system | beam | sentences/s | target tokens/s | x seqtool fp32 | x ct2 fp32 | x ct2 fp32 inter2 | peak RSS (MiB) | BLEU | chrF "
            "| ΔBLEU vs seqtool fp32 | lines ≠ seqtool fp32 |",
@@ -144,7 +150,7 @@ def table(rows: list[dict]) -> str:
         base, ct2, ct2_inter = same_beam("seqtool fp32"), same_beam("ct2 fp32"), same_beam("ct2 fp32 inter2")
         rel = lambda other: f"{r['tokens_per_s'] / other['tokens_per_s']:.2f}x" if r.get("tokens_per_s") and other.get("tokens_per_s") else "—"
         d = r["bleu"] - base["bleu"] if r.get("bleu") is not None and base.get("bleu") is not None else None
-        out.append(f"| {r['system']} | {r['beam']} | {f(r.get('sentences_per_s'), 1)} | {f(r.get('tokens_per_s'))} | {rel(base)} | {rel(ct2)} | {rel(ct2_inter)} | "
+        out.append(f"| {r['system']} | {r['beam']} | {f(r.get('sentences_per_s'), 1)} | {tokens(r)} | {rel(base)} | {rel(ct2)} | {rel(ct2_inter)} | "
                    f"{f(r.get('peak_rss_mib'))} | {f(r.get('bleu'), 2)} | {f(r.get('chrf'), 2)} | {'—' if d is None else f'{d:+.2f}'} | "
                    f"{f(r.get('lines_differing_from_fp32'))} |")
     return "\n".join(out)
@@ -165,6 +171,8 @@ def main() -> int:
     p.add_argument("--beams", default="5,1", help="comma list (default 5,1)")
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                    help=f"comma list of: {', '.join(VARIANTS)} (default all but ct2 int8 inter2 and seqtool fp32 workers2)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of every variant, in rotated order; the table gives the median round (default 1)")
     p.add_argument("--ct2-isa", default="AVX512", help="CT2_FORCE_CPU_ISA for CTranslate2 ('' = its own choice; default AVX512, its best here)")
     p.add_argument("--work", type=Path, help="scratch dir (default bench/out/translate-<timestamp>)")
     a = p.parse_args()
@@ -202,23 +210,38 @@ def main() -> int:
 
     rows = []
     for beam in beams:
-        for v in variants:
-            name = f"{v.replace(' ', '-')}-b{beam}"
-            hyp, js = W / f"hyp-{name}", W / f"{name}.json"
-            if v in SEQTOOL:
-                cmd = [sys.executable, Path(__file__).resolve(), "--_seqtool", ckpt, src, beam, a.threads, *SEQTOOL[v], a.batch_size, hyp, js]
-                venv = env
-            else:
-                cmd = [sys.executable, Path(__file__).resolve(), "--_ct2", ct2_dir, src, beam, a.threads, *CT2[v], a.batch_size, hyp, js]
-                venv = dict(env, CT2_FORCE_CPU_ISA=a.ct2_isa) if a.ct2_isa else env
-            r = run(name, cmd, W / "logs", venv)
-            row = {"system": v, "beam": beam, "peak_rss_mib": r.get("peak_rss_mib"), "process_wall_s": r["wall_s"]}
-            figures = read_json(js) if r["ok"] else None
-            if figures:
-                if figures.get("peak_rss_all_processes_mib"):  # the decoding processes together
-                    row["peak_rss_mib"] = figures.pop("peak_rss_all_processes_mib")
+        beam_rows = {v: {"system": v, "beam": beam, "rounds_tokens_per_s": []} for v in variants}
+        for rnd in range(a.repeats):
+            # each round runs every variant once, in a rotated order: a slow spell of the machine
+            # then falls on different variants in different rounds, and the medians compare
+            order = variants[rnd % len(variants):] + variants[: rnd % len(variants)]
+            for v in order:
+                name = f"{v.replace(' ', '-')}-b{beam}"
+                hyp, js = W / f"hyp-{name}", W / f"{name}.json"
+                if v in SEQTOOL:
+                    cmd = [sys.executable, Path(__file__).resolve(), "--_seqtool", ckpt, src, beam, a.threads, *SEQTOOL[v], a.batch_size, hyp, js]
+                    venv = env
+                else:
+                    cmd = [sys.executable, Path(__file__).resolve(), "--_ct2", ct2_dir, src, beam, a.threads, *CT2[v], a.batch_size, hyp, js]
+                    venv = dict(env, CT2_FORCE_CPU_ISA=a.ct2_isa) if a.ct2_isa else env
+                r = run(name if a.repeats == 1 else f"{name} (round {rnd + 1})", cmd, W / "logs", venv)
+                row = beam_rows[v]
+                figures = read_json(js) if r["ok"] else None
+                if not figures:
+                    continue
+                rss = figures.pop("peak_rss_all_processes_mib", None) or r.get("peak_rss_mib")  # several processes: all together
+                row["peak_rss_mib"] = max(row.get("peak_rss_mib") or 0, rss or 0) or None
+                row["rounds_tokens_per_s"].append(round(figures["target_tokens_incl_eos"] / figures["decode_seconds"]))
+                if "bleu" not in row:
+                    row.update(**score(hyp, ref))
                 row.update(figures, sentences_per_s=figures["sentences"] / figures["decode_seconds"],
-                           tokens_per_s=figures["target_tokens_incl_eos"] / figures["decode_seconds"], **score(hyp, ref))
+                           tokens_per_s=figures["target_tokens_incl_eos"] / figures["decode_seconds"])
+        for row in beam_rows.values():
+            if len(row["rounds_tokens_per_s"]) > 1:  # the median round's figures
+                times = sorted(row["rounds_tokens_per_s"])
+                median = times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+                row["sentences_per_s"] *= median / row["tokens_per_s"]
+                row["tokens_per_s"] = median
             rows.append(row)
         base = W / f"hyp-seqtool-fp32-b{beam}"
         if base.exists():
@@ -232,6 +255,7 @@ def main() -> int:
     commit = os.popen(f"git -C {REPO} rev-parse --short HEAD").read().strip()
     text = (f"## translate, {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, {cpu}, {a.threads} threads, "
             f"{len(src_lines)} test lines{' (--limit)' if a.limit else ''}, batch {a.batch_size}, checkpoint {ckpt}"
+            f"{f', median of {a.repeats} rounds' if a.repeats > 1 else ''}"
             f"{', CT2_FORCE_CPU_ISA=' + a.ct2_isa if a.ct2_isa else ''}\n\n" + table(rows) + "\n")
     if FAILURES:
         text += f"\nFailed steps: {', '.join(FAILURES)} (logs in {W / 'logs'})\n"
