@@ -188,7 +188,7 @@ def test_worker_processes_translate_exactly_as_one_process(api, tmp_path):
         got, want = two.translate_chunk(0, lines), one.translate_chunk(0, lines)
         assert [(t.index, t.texts, [h.tokens for h in t.hypotheses], t.alignments) for t in got] == \
                [(t.index, t.texts, [h.tokens for h in t.hypotheses], t.alignments) for t in want]
-        assert [[h.score for h in t.hypotheses] for t in got] == pytest.approx([[h.score for h in t.hypotheses] for t in want])
+        assert [h.score for t in got for h in t.hypotheses] == pytest.approx([h.score for t in want for h in t.hypotheses])
     assert two.pool is None  # closed
     sampled = dict(device="cpu", sampling=True, nbest=2, max_len_b=8, batch_size=3, seed=7)
     with Translator.load(ckpt, threads=2, workers=2, **sampled) as two:
