@@ -7,9 +7,11 @@ come back in batch order, so the output is the one of a single process with thre
 threads, line for line.
 
 Processes, not threads: a decoding step is a few hundred small torch operations whose Python
-side holds the GIL. Two threads of one process measured no faster than one thread pool of two
-(int8 beam 5, 600 test lines: 2,700-3,200 target tokens/s against 3,200), two processes of one
-thread each 30% faster (2,251 lines: 2,961-3,522 against 2,330-2,546).
+side holds the GIL, and two threads of one process measured no faster than one process with a
+thread pool of two (int8 beam 5, 600 test lines: 2,700-3,200 target tokens/s against 3,200).
+Two processes against one process with two threads, on the 2-core benchmark VM (int8 beam 5,
+2,251 lines): from 0.9x to 1.3x across runs, so whether it pays depends on the machine; CPUs
+where intra-op threads scale poorly (small batches, many cores) gain most.
 
 The workers start with the spawn method (no fork of a process that holds OpenMP threads) and
 load the checkpoint themselves (weights_only, as every load), so a program that embeds
