@@ -96,13 +96,16 @@ class _ArrayWriter:
         self.total = 0
         self.lines = 0
         self.committed: list[Path] = []
-        np.zeros(1, dtype=np.int64).tofile(self.idx)
+        self.idx.write(np.zeros(1, dtype=np.int64).tobytes())
 
     def add(self, seqs: Sequence[Sequence[int]]) -> None:
         lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
         flat = np.fromiter(itertools.chain.from_iterable(seqs), dtype=self.dtype, count=int(lengths.sum()))
-        flat.tofile(self.bin)
-        (self.total + np.cumsum(lengths)).tofile(self.idx)
+        # file.write of the raw bytes (what ndarray.tofile writes): a Ctrl-C inside tofile can
+        # surface as "TypeError: expected str, bytes or os.PathLike object, not BufferedWriter"
+        # (numpy falls back to treating the file as a path), seen once in CI
+        self.bin.write(flat.tobytes())
+        self.idx.write((self.total + np.cumsum(lengths)).tobytes())
         self.total += int(lengths.sum())
         self.lines += len(seqs)
 
