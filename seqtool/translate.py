@@ -86,7 +86,7 @@ class Translator:
         model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
         pool = None
-        if config.workers > 1:
+        if config.workers > 1 and not config.score_reference:  # reference scoring runs here, not in workers
             if device.type != "cpu":
                 raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
             from .workers import WorkerPool

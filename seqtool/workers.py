@@ -38,12 +38,10 @@ _translator = None  # the worker process's own Translator
 def _start(paths: Sequence[str], config: dict, threads: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     global _translator
-    import torch
-
     from .config import DecodeConfig
     from .translate import Translator
 
-    torch.set_num_threads(threads)
+    # (Translator.load sets torch's threads from the config)
     _translator = Translator.load([Path(p) for p in paths] if len(paths) > 1 else Path(paths[0]),
                                   DecodeConfig.from_dict({**config, "workers": 1, "threads": threads}))
 
