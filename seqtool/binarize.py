@@ -10,11 +10,13 @@ meta.json comes last: an error or Ctrl-C leaves no file that looks complete.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
 import json
 import multiprocessing as mp
 import signal
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -47,19 +49,56 @@ def _init_worker(model_bytes: bytes) -> None:
     _worker_tokenizer = Tokenizer(model_bytes)
 
 
-def _start_pool(workers: int, model_bytes: bytes):
-    """Workers that ignore Ctrl-C: a terminal sends SIGINT to the whole process group, and only the
-    parent should act on it (clean up, stop the pool); a worker would just print a traceback. The
-    ignored disposition is inherited through spawn's exec, so it holds from the workers' first instruction."""
-    import threading
+class _EncodingPool:
+    """Worker processes that encode chunks, with Ctrl-C taken only at safe points.
 
-    if threading.current_thread() is not threading.main_thread():
-        return mp.get_context("spawn").Pool(workers, _init_worker, (model_bytes,))
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        return mp.get_context("spawn").Pool(workers, _init_worker, (model_bytes,))
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    A terminal sends SIGINT to the whole process group. The workers ignore it (the disposition is
+    set before spawn's exec, so it holds from their first instruction); only the parent acts. In the
+    parent, a KeyboardInterrupt raised at an arbitrary instruction can land inside multiprocessing's
+    own locking (e.g. between a queue's lock acquire and its try/finally inside apply_async) and leave
+    the pool's handler threads, and so Pool.terminate(), waiting forever: the likeliest cause of a
+    binarize that once did not exit after Ctrl-C in CI. So while the pool lives, SIGINT only sets a
+    flag, checked between chunks and while waiting for results (every 50 ms), and the
+    KeyboardInterrupt is raised from there."""
+
+    def __init__(self, workers: int, model_bytes: bytes):
+        self.workers = workers
+        self.model_bytes = model_bytes
+        self.interrupted = threading.Event()
+        self.previous = None
+
+    def __enter__(self) -> "_EncodingPool":
+        main = threading.current_thread() is threading.main_thread()  # only it may set handlers
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self.pool = mp.get_context("spawn").Pool(self.workers, _init_worker, (self.model_bytes,))
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
+        if main:
+            self.previous = signal.signal(signal.SIGINT, lambda signum, frame: self.interrupted.set())
+        return self
+
+    def check(self) -> None:
+        if self.interrupted.is_set():
+            raise KeyboardInterrupt
+
+    def submit(self, lines: list[str]):
+        self.check()
+        return self.pool.apply_async(_encode_chunk, (lines,))
+
+    def get(self, result) -> list[list[int]]:
+        while not result.ready():
+            result.wait(0.05)
+            self.check()
+        return result.get()
+
+    def __exit__(self, *exc) -> None:
+        self.pool.terminate()
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+        if exc[0] is None:
+            self.check()  # a Ctrl-C after the last check still stops the run before anything is committed
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
@@ -153,12 +192,10 @@ def binarize(
         "splits": {},
     }
     writers: list[_ArrayWriter] = []
-    pool = None
     try:
-        if workers > 1:
-            pool = _start_pool(workers, tokenizer.model_bytes)
-        for name, (src, tgt) in files.items():
-            meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors, writers)
+        with (_EncodingPool(workers, tokenizer.model_bytes) if workers > 1 else contextlib.nullcontext()) as pool:
+            for name, (src, tgt) in files.items():
+                meta["splits"][name] = _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtype, pool, workers, errors, writers)
         # All splits are done: only now replace anything. Old data first loses its meta.json, so a
         # failure between here and the new meta.json never leaves a directory that looks complete.
         (out_dir / "meta.json").unlink(missing_ok=True)
@@ -172,9 +209,6 @@ def binarize(
         if created and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
-    finally:
-        if pool is not None:
-            pool.terminate()
     return meta
 
 
@@ -191,7 +225,7 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
         def drain(limit: int) -> None:
             while len(pending) > limit:
                 for k, result in enumerate(pending.pop(0)):
-                    ids = result.get() if pool is not None else result
+                    ids = pool.get(result) if pool is not None else result
                     unk[k] += sum(s.count(UNK_ID) for s in ids)
                     writers[k].add(ids)
 
@@ -199,7 +233,7 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
             if pool is None:
                 pending.append((tokenizer.encode_batch(a), tokenizer.encode_batch(b)))
             else:
-                pending.append((pool.apply_async(_encode_chunk, (a,)), pool.apply_async(_encode_chunk, (b,))))
+                pending.append((pool.submit(a), pool.submit(b)))
             drain(workers)  # bounded work in flight: memory does not grow with the corpus
         drain(0)
         if writers[0].lines == 0:

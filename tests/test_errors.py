@@ -435,6 +435,30 @@ def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path)
     assert not out_dir.exists()
 
 
+def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(corpus):
+    # SIGINT while the pool lives must not raise inside multiprocessing's locking: it is flagged,
+    # and the next check (submit / waiting for a result) raises KeyboardInterrupt
+    from seqtool.binarize import _EncodingPool
+
+    before = signal.getsignal(signal.SIGINT)
+    model_bytes = (corpus / "spm.model").read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        with _EncodingPool(2, model_bytes) as pool:
+            first = pool.submit(["a b c"])
+            os.kill(os.getpid(), signal.SIGINT)  # would raise right here under the default handler
+            reached = True
+            assert pool.interrupted.is_set()
+            pool.get(first)
+    assert reached
+    assert signal.getsignal(signal.SIGINT) is before
+    # a Ctrl-C after the last check still stops the with-block instead of being swallowed
+    with pytest.raises(KeyboardInterrupt):
+        with _EncodingPool(2, model_bytes) as pool:
+            assert pool.get(pool.submit(["a b"]))
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
