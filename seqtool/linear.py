@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 _pointwise = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
@@ -76,5 +77,15 @@ def linear(x: Tensor, layer: nn.Module) -> Tensor:
         if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):
             return _OneDNNLinear.apply(x, layer.weight, layer.bias)
         return _pointwise(x, layer.weight, layer.bias, "none", [], "")
+    if (
+        type(layer) is nn.Linear
+        and x.dtype != layer.weight.dtype
+        and not torch.is_autocast_enabled(x.device.type)
+        and not (layer._forward_hooks or layer._forward_pre_hooks)
+    ):
+        # bf16 activations with float32 (master) weights: the weights are cast for this call, and
+        # the cast is differentiable, so their gradients arrive in float32 (see Transformer.activation_dtype)
+        bias = layer.bias.to(x.dtype) if layer.bias is not None else None
+        return F.linear(x, layer.weight.to(x.dtype), bias)
     return layer(x)
 

@@ -177,6 +177,7 @@ class Trainer:
             finetune.load_weights(self.model, source)
             log.info(f"fine-tuning the weights of {source.path}")
         self.model.to(self.device)
+        self.model.activation_dtype = update.activation_dtype(self.device, precision)
         if self.dist.rank:  # dropout differs between ranks; data order is shared (seeded by cfg.seed)
             torch.manual_seed(distributed.rank_seed(cfg.seed, self.dist.rank))
         self.optimizer = update.build_optimizer(self.model.parameters(), job.optim)

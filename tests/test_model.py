@@ -257,3 +257,54 @@ def test_loss_stays_exact_when_the_target_probability_underflows(bias):
     g_ref = torch.autograd.grad(ref, (feats, out.weight))
     for a, b in zip(g_mine, g_ref):
         torch.testing.assert_close(a, b)
+
+
+# ---- bf16 training on CPU: dropout masks, attention path, loss over bf16 logits -------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_mask_drops_p_and_keeps_the_expectation_in_any_dtype(dtype):
+    from seqtool.model import _keep_mask
+
+    torch.manual_seed(0)
+    mask = _keep_mask(torch.empty(400_000, dtype=dtype), 0.1)
+    assert mask.dtype == dtype
+    dropped = (mask == 0).float().mean().item()
+    assert dropped == pytest.approx(0.1, abs=0.003)  # a bf16 torch.rand drops ~10.2%
+    values = mask.unique().float().tolist()
+    assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(1 / 0.9, rel=4e-3)
+    assert mask.float().mean().item() == pytest.approx(1.0, abs=0.005)
+
+
+@pytest.mark.parametrize("causal, cross", [(True, False), (False, False), (False, True)])
+def test_bf16_training_attention_matches_the_fused_kernel(causal, cross):
+    # bf16 training on CPU takes the explicit matmul path (faster there); it must compute what SDPA does
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4, dropout=0.0, cross=cross).to(torch.bfloat16)
+    x = torch.randn(3, 5, 32, dtype=torch.bfloat16)
+    memory = torch.randn(3, 7, 32, dtype=torch.bfloat16)
+    key_pad = torch.zeros(3, 7 if cross else 5, dtype=torch.bool)
+    key_pad[1, -2:] = True
+    kwargs = dict(memory=memory) if cross else dict(causal=causal)
+    attn.train()
+    explicit, _ = attn(x, key_pad=key_pad, **kwargs)
+    attn.eval()
+    fused, _ = attn(x, key_pad=key_pad, **kwargs)
+    assert explicit.dtype == torch.bfloat16
+    torch.testing.assert_close(explicit.float(), fused.float(), atol=2e-2, rtol=2e-2)
+
+
+def test_loss_over_bf16_logits_equals_the_float32_loss_of_the_same_logits():
+    from seqtool.model import _SoftmaxCrossEntropy
+
+    torch.manual_seed(0)
+    logits = (torch.randn(6, 50) * 3).to(torch.bfloat16).requires_grad_()
+    as_float = logits.detach().float().requires_grad_()
+    target = torch.randint(0, 50, (6,))
+    loss, nll = _SoftmaxCrossEntropy.apply(logits, target, 0.1)
+    ref_loss, ref_nll = _SoftmaxCrossEntropy.apply(as_float, target, 0.1)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)
+    loss.backward()
+    ref_loss.backward()
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad.float(), as_float.grad, atol=1e-2, rtol=1e-2)

@@ -188,12 +188,64 @@ def test_optimizer_is_adamw_with_one_fused_or_foreach_kernel(monkeypatch):
     assert opt.defaults["foreach"] and len(opt.param_groups[0]["params"]) == len(list(model.parameters()))
 
 
-def test_autocast_keeps_fp32_master_weights():
+def _linear_output_dtypes(monkeypatch, run) -> set:
+    """dtypes of the outputs of every F.linear and F.layer_norm call made by run()."""
+    seen = set()
+    F = torch.nn.functional
+    for name in ("linear", "layer_norm"):
+        def recording(*args, _original=getattr(F, name), **kwargs):
+            out = _original(*args, **kwargs)
+            seen.add(out.dtype)
+            return out
+
+        monkeypatch.setattr(F, name, recording)
+    try:
+        run()
+    finally:
+        monkeypatch.undo()
+    return seen
+
+
+def test_autocast_keeps_fp32_master_weights(monkeypatch):
+    # the CUDA scheme (autocast), exercised on CPU: bf16 computation, float32 weights and state
+    monkeypatch.setattr(update, "activation_dtype", lambda device, precision: None)
     model = _model()
     up = _updater(model, "bf16")
-    up.step([_batch()], 1 / 24)
+    assert torch.bfloat16 in _linear_output_dtypes(monkeypatch, lambda: up.step([_batch()], 1 / 24))
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert all(s["exp_avg"].dtype == torch.float32 for s in up.optimizer.state.values())
+
+
+def test_cpu_bf16_trains_bf16_activations_on_float32_master_weights(monkeypatch):
+    assert update.activation_dtype(CPU, "bf16") == torch.bfloat16
+    assert update.activation_dtype(CPU, "fp32") is None
+    assert update.activation_dtype(torch.device("cuda"), "bf16") is None  # GPUs keep autocast
+    model, reference = _model(), _model()
+    model.activation_dtype = torch.bfloat16
+    up, ref = _updater(model, "bf16"), _updater(reference, "fp32")
+    # every linear layer and layer norm computes in bf16, with no autocast around it
+    assert _linear_output_dtypes(monkeypatch, lambda: up.step([_batch()], 1 / 24)) == {torch.bfloat16}
+    ref.step([_batch()], 1 / 24)
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert all(s["exp_avg"].dtype == torch.float32 for s in up.optimizer.state.values())
+    # the float32 gradients are bf16-close to float32 training's: same direction, same size
+    loss_fn, ref_fn = update.TrainingLoss(model, 0.1), update.TrainingLoss(reference, 0.1)
+    reference.load_state_dict(model.state_dict())
+    (loss_fn(*_batch(1))[0]).backward()
+    (ref_fn(*_batch(1))[0]).backward()
+    g = torch.cat([p.grad.flatten() for p in model.parameters()])
+    g_ref = torch.cat([p.grad.flatten() for p in reference.parameters()])
+    assert g.dtype == torch.float32
+    assert torch.nn.functional.cosine_similarity(g, g_ref, dim=0) > 0.99
+    assert g.norm() == pytest.approx(g_ref.norm().item(), rel=0.05)
+    # validation's loss and incremental decoding: a model in eval mode
+    model.eval()
+    with torch.no_grad():
+        memory, src_pad = model.encode(_batch()[0])
+        assert memory.dtype == torch.bfloat16  # whole-sequence passes keep bf16
+        cache = model.new_cache(memory, src_pad)
+        step = model.decode(torch.full((4, 1), model.config.bos_id), memory, src_pad, cache)
+        assert step.dtype == torch.float32  # decoding steps do not cast every weight at every step
 
 
 # ---- --compile falls back to eager ---------------------------------------------------------
