@@ -5,8 +5,9 @@ Owns the arithmetic of training around the model:
 - the optimizer: AdamW with one fused kernel for all parameters where torch has it (CUDA, and CPU
   in recent torch), else the multi-tensor (foreach) implementation;
 - the number format: ``--precision auto`` resolved for the device (bf16 on GPUs with bfloat16
-  arithmetic, fp16 on older GPUs, fp32 on CPU) and the autocast context. Parameters, gradients
-  and optimizer state stay float32 (master weights); only the computation runs in 16 bits;
+  arithmetic, fp16 on older GPUs, fp32 on CPU) and how 16-bit computation is arranged: autocast
+  on GPUs, bf16 activations end to end on CPU (activation_dtype says why). Either way parameters,
+  gradients and optimizer state stay float32 (master weights); only the computation runs in 16 bits;
 - fp16's dynamic loss scaling, done in the order that keeps clipping meaningful: scale the loss,
   backward, unscale the gradients, clip their norm (in true units), step (the scaler skips the
   step when a gradient is inf/nan), then back off or grow the scale. Skipped steps are counted,

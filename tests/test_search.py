@@ -184,3 +184,21 @@ def test_batched_beam_equals_one_at_a_time(real_model):
     for i in range(5):
         alone = beam_search(real_model, src[i : i + 1], beam=3, max_len_b=15, nbest=2)[0]
         assert [h.tokens for h in together[i]] == [h.tokens for h in alone]
+
+
+# ---- the beam's candidate selection: a blockwise top-k ---------------------
+@pytest.mark.parametrize("V, k", [(8000, 10), (8000, 1), (8001, 10), (1000, 2), (4096, 16), (300, 10), (129, 2)])
+def test_block_top_k_equals_torch_topk(V, k):
+    from seqtool.search import top_k
+
+    g = torch.Generator().manual_seed(V + k)
+    x = torch.randn(37, V, generator=g) * 4
+    x[:, ::7] = float("-inf")  # banned tokens
+    x[3] = float("-inf")
+    x[3, V - 1] = 0.5  # the only possible token sits in the ragged tail (or the last block)
+    x[5] = torch.randint(0, 3, (V,), generator=g).float()  # ties everywhere
+    values, index = top_k(x, k)
+    ref_values, _ = x.topk(k, dim=1)
+    assert torch.equal(values, ref_values)  # the same k best values, best first
+    assert torch.equal(x.gather(1, index), values)  # and the columns that hold them
+    assert all(len(set(row)) == k for row in index.tolist())
