@@ -63,26 +63,20 @@ class _OneDNNLinear(torch.autograd.Function):
 
 def linear(x: Tensor, layer: nn.Module) -> Tensor:
     """layer(x), through oneDNN when layer is a plain float32 nn.Linear on CPU outside autocast
-    and without hooks."""
-    if (
-        ONEDNN
-        and type(layer) is nn.Linear
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and layer.weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
+    and without hooks; with the weights cast to x's dtype when a plain layer's differ from it."""
+    plain = (
+        type(layer) is nn.Linear
+        and not torch.is_autocast_enabled(x.device.type)
         and not (layer._forward_hooks or layer._forward_pre_hooks)  # hooks need the module call
-    ):
+    )
+    if not plain:
+        return layer(x)
+    if ONEDNN and x.device.type == "cpu" and x.dtype == layer.weight.dtype == torch.float32:
         x = x.contiguous()
         if torch.is_grad_enabled() and (x.requires_grad or layer.weight.requires_grad):
             return _OneDNNLinear.apply(x, layer.weight, layer.bias)
         return _pointwise(x, layer.weight, layer.bias, "none", [], "")
-    if (
-        type(layer) is nn.Linear
-        and x.dtype != layer.weight.dtype
-        and not torch.is_autocast_enabled(x.device.type)
-        and not (layer._forward_hooks or layer._forward_pre_hooks)
-    ):
+    if x.dtype != layer.weight.dtype:
         # bf16 activations with float32 (master) weights: the weights are cast for this call, and
         # the cast is differentiable, so their gradients arrive in float32 (see Transformer.activation_dtype)
         bias = layer.bias.to(x.dtype) if layer.bias is not None else None

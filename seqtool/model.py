@@ -196,7 +196,8 @@ class MultiHeadAttention(nn.Module):
         # backward, measured 2x slower than these matmuls in bf16 (15 vs 7 ms per call at B=128,
         # T=32; a real bf16 run 1.3x faster overall). In float32, where the matmuls take MKL's
         # generic path on AMD, SDPA stays as fast or faster.
-        explicit = need_weights or (x.device.type == "cpu" and (cache is not None or (self.training and q.dtype == torch.bfloat16)))
+        bf16_training = self.training and q.dtype == torch.bfloat16
+        explicit = need_weights or (x.device.type == "cpu" and (cache is not None or bf16_training))
         if causal and T == 1:
             causal = False  # the newest position may see every earlier one
         elif causal and (Tk != T or explicit or allowed is not None):
