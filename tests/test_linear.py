@@ -46,3 +46,30 @@ def test_training_caps_onednn_primitive_cache_but_a_user_setting_wins(monkeypatc
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
     limit_primitive_cache()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
+
+
+def test_linear_relu_fuses_the_relu_into_the_matrix_product_and_gives_the_same_numbers(monkeypatch):
+    from seqtool.precision import quantize_int8
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(16, 32)
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        if lin.ONEDNN:  # float32 on CPU: oneDNN's ReLU post-op
+            ops = []
+            real = lin._pointwise
+            monkeypatch.setattr(lin, "_pointwise", lambda *a: ops.append(a[3]) or real(*a))
+            fused = lin.linear_relu(x, layer)
+            assert ops == ["relu"]
+            assert torch.equal(fused, torch.relu(lin.linear(x, layer)))
+        # int8: fbgemm's linear_relu_dynamic, the same numbers as the quantized module + ReLU
+        quantized = quantize_int8(torch.nn.Sequential(torch.nn.Linear(16, 32)))[0]
+        assert lin._dynamic_int8(quantized)
+        assert torch.equal(lin.linear_relu(x, quantized), torch.relu(quantized(x)))
+        assert (lin.linear_relu(x, quantized) >= 0).all()
+    # with autograd (training) it is relu(linear(x)) and gradients flow
+    x.requires_grad_(True)
+    y = lin.linear_relu(x, layer)
+    y.sum().backward()
+    torch.testing.assert_close(y, torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias)))
+    assert x.grad is not None and layer.weight.grad is not None

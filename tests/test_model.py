@@ -100,6 +100,28 @@ def test_cache_reorder_moves_rows(tiny_model):
     torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
 
 
+def test_reorders_not_yet_applied_compose_and_apply_layer_by_layer(tiny_model):
+    """reorder only records its index; two reorders in a row must act as their composition, and
+    each layer gathers its rows at its own next step (the cache's lazy reorder)."""
+    src, tgt = _src_tgt(batch=3)
+    first, second = torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0])
+    with torch.no_grad():
+        memory, pad = tiny_model.encode(src)
+        cache = tiny_model.new_cache(memory, pad)
+        cache.reorder(torch.tensor([1, 2, 0]))  # before any step: nothing to gather yet
+        assert cache.pending is None
+        cache.reorder(torch.tensor([2, 0, 1]))  # ...and back to the original order
+        tiny_model.decode(tgt[:, :3], memory, pad, cache)
+        cache.reorder(first)
+        cache.reorder(second)
+        both = first[second]
+        assert torch.equal(cache.pending, both) and cache.unsettled == list(range(len(tiny_model.decoder)))
+        step = tiny_model.decode(tgt[both, 3:4], None, None, cache)
+        assert cache.pending is None and cache.unsettled == []
+        full = tiny_model(src[both], tgt[both, :4])[:, 3:4]
+    torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("grow", [1, 32])
 def test_grouped_cache_reorders_drops_and_splits_like_the_full_forward(tiny_model, monkeypatch, grow):
     """Beams of a sentence share one copy of the encoder's keys/values (group 2). Turning one row
