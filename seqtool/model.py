@@ -80,6 +80,7 @@ class KVCache:
     spare_v: list[Tensor] = field(default_factory=list)
     pending: Optional[Tensor] = None  # a reorder not yet applied to the self-attention keys/values
     unsettled: list[int] = field(default_factory=list)  # layers it has not been applied to
+    key_bias: Optional[Tensor] = None  # (B / group * H, 1, S) 0 or -inf at padding; see padding_bias
 
     GROW = 32  # positions added when a buffer is full: at most 32 unused positions per row
 
@@ -136,6 +137,17 @@ class KVCache:
         if not self.unsettled:
             self.pending = None
 
+    def padding_bias(self, heads: int) -> Optional[Tensor]:
+        """(B / group * heads, 1, S): 0 where the source may be attended, -inf at its padding; added
+        to the cross-attention scores of a decoding step. Built once per set of sentences instead
+        of a mask per layer and step."""
+        if self.src_pad is None:
+            return None
+        if self.key_bias is None:
+            bias = torch.zeros(self.src_pad.shape, dtype=self.dtype, device=self.src_pad.device)
+            self.key_bias = bias.masked_fill_(self.src_pad, float("-inf"))[:, None, :].repeat_interleave(heads, dim=0)
+        return self.key_bias
+
     def _reorder_cross(self, index: Tensor, group: int) -> None:
         """Cross keys/values for the new rows, one copy per `group` new rows when each such group
         comes from one sentence (beam search's first step turns 1 row per sentence into `group`)."""
@@ -151,6 +163,7 @@ class KVCache:
         self.cross_v = [v.index_select(0, sentence) for v in self.cross_v]
         if self.src_pad is not None:
             self.src_pad = self.src_pad.index_select(0, sentence)
+        self.key_bias = None
 
 
 class MultiHeadAttention(nn.Module):
@@ -206,6 +219,9 @@ class MultiHeadAttention(nn.Module):
             q, k, v = (self._heads(t) for t in linear(x, self.qkv_proj).chunk(3, dim=-1))  # (B, H, T, K)
             if cache is not None:
                 k, v = cache.append(layer, k, v)  # (B, H, t+T, K)
+        if cache is not None and not (need_weights or self.training) and x.device.type == "cpu" and (self.cross or T == 1):
+            out = self._step_attention(q, k, v, cache.padding_bias(self.h) if self.cross else None).to(x.dtype)
+            return self._merge_heads(out, B, T, G), None
         Tk = k.size(2)
         allowed = None  # True = may attend, broadcast to (B, H, T, Tk)
         if key_pad is not None:
@@ -238,14 +254,39 @@ class MultiHeadAttention(nn.Module):
             out = (dropout(probs, p, self.training) @ v).to(x.dtype)  # (B, H, Tq, K)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
-        if G > 1:  # (B/G, H, G*T, .) back to one row per hypothesis (B, H, T, .)
-            def ungroup(y: Tensor) -> Tensor:
-                return y.view(B // G, self.h, G, T, -1).transpose(1, 2).reshape(B, self.h, T, -1)
+        if G > 1 and weights is not None:
+            weights = self._ungroup(weights, B, T, G)
+        return self._merge_heads(out, B, T, G), weights
 
-            out = ungroup(out)
-            weights = None if weights is None else ungroup(weights)
-        out = out.transpose(1, 2).reshape(B, T, D)  # heads concatenated
-        return linear(out, self.out_proj), weights
+    def _ungroup(self, y: Tensor, B: int, T: int, G: int) -> Tensor:
+        """(B/G, H, G*T, .) back to one row per hypothesis (B, H, T, .)."""
+        return y.view(B // G, self.h, G, T, -1).transpose(1, 2).reshape(B, self.h, T, -1)
+
+    def _merge_heads(self, out: Tensor, B: int, T: int, G: int) -> Tensor:
+        """Attention output (B, H, T, K) (grouped: (B/G, H, G*T, K)) -> heads concatenated and
+        projected by W^O (B, T, D)."""
+        if G > 1:  # (B/G, H, G, T, K) -> (B/G, G, T, H, K): one copy
+            out = out.view(B // G, self.h, G, T, self.k).permute(0, 2, 3, 1, 4)
+        else:
+            out = out.transpose(1, 2)
+        return linear(out.reshape(B, T, self.h * self.k), self.out_proj)
+
+
+    def _step_attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """The explicit path's attention for a cached decoding step on CPU, in three batched
+        products over (rows x heads): scores scaled and (cross-attention) padding-masked by one
+        baddbmm with the cache's additive bias, softmax, weighted values. The same numbers without
+        building a mask, dividing and masking in separate passes, per layer and step.
+        q (N, H, Tq, K), k and v (N, H, Tk, K), bias (N * H, 1, Tk) or None -> (N, H, Tq, K)."""
+        N, H, Tq, K = q.shape
+        Tk = k.size(2)
+        q3 = q.to(k.dtype).reshape(N * H, Tq, K)
+        kt = k.reshape(N * H, Tk, K).transpose(1, 2)  # (N*H, K, Tk), a view
+        if bias is None:
+            scores = torch.bmm(q3, kt).div_(math.sqrt(K))  # (N*H, Tq, Tk)
+        else:
+            scores = torch.baddbmm(bias, q3, kt, alpha=1 / math.sqrt(K))
+        return torch.bmm(scores.softmax(dim=-1), v.reshape(N * H, Tk, K)).view(N, H, Tq, K)
 
 
 def _keep_mask(like: Tensor, p: float) -> Tensor:

@@ -131,6 +131,8 @@ def test_grouped_cache_reorders_drops_and_splits_like_the_full_forward(tiny_mode
     self-attention buffers grow at every step."""
     monkeypatch.setattr(KVCache, "GROW", grow)
     src, _ = _src_tgt(batch=3)
+    src[1, 5:] = 0  # padded sources: the cache's padding bias must follow the sentences as they move
+    src[2, 3:] = 0
     G = 2
     g = torch.Generator().manual_seed(3)
     rows_src = src  # (3, S): row r decodes sentence r, then after the regroup row r decodes r // G
