@@ -71,9 +71,12 @@ def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         return x.topk(k, dim=1)
     block = 64  # measured fastest for V = 8000 (ragged tail and all): 80, 50, 100 or 125 were 1.2-4x slower
     nb = V // block
-    whole = x[:, : nb * block].view(R, nb, block)  # (R, nb, block), no copy
+    whole = x[:, : nb * block].reshape(R, nb, block)  # (R, nb, block), no copy for a contiguous x
     best_blocks = whole.amax(dim=2).topk(k, dim=1).indices  # (R, k)
-    cand = whole.gather(1, best_blocks[:, :, None].expand(R, k, block)).view(R, k * block)  # (R, k*block)
+    # the k best blocks of every row, copied as whole blocks (index_select measured 5x faster
+    # here than a gather with an expanded index)
+    flat = best_blocks + torch.arange(0, R * nb, nb, device=x.device)[:, None]  # (R, k) block ids in (R*nb)
+    cand = whole.reshape(R * nb, block).index_select(0, flat.view(-1)).view(R, k * block)  # (R, k*block)
     tail = V - nb * block
     if tail:  # the ragged tail joins every row's candidates
         cand = torch.cat([cand, x[:, nb * block :]], dim=1)
