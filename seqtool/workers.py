@@ -10,8 +10,9 @@ Processes, not threads: a decoding step is a few hundred small torch operations 
 side holds the GIL, and two threads of one process measured no faster than one process with a
 thread pool of two (int8 beam 5, 600 test lines: 2,700-3,200 target tokens/s against 3,200).
 Two processes against one process with two threads, on the 2-core benchmark VM (int8 beam 5,
-2,251 lines): from 0.9x to 1.3x across runs, so whether it pays depends on the machine; CPUs
-where intra-op threads scale poorly (small batches, many cores) gain most.
+2,251 lines): from 0.9x to 1.4x across runs (1.41x in the median of the last 5-round run), so
+whether it pays depends on the machine; CPUs where intra-op threads scale poorly (small batches,
+many cores) gain most.
 
 The workers start with the spawn method (no fork of a process that holds OpenMP threads) and
 load the checkpoint themselves (weights_only, as every load), so a program that embeds
