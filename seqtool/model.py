@@ -56,14 +56,14 @@ class KVCache:
     with one not yet applied), and each layer gathers its own keys/values at its next `append`,
     right before its attention reads them. The gathered copy (megabytes per layer) is then still
     in the CPU's caches when the matrix products read it; gathering every layer at once, as
-    reorder did before, left them to come back from memory (int8 beam search, interleaved
-    A/Bs on this noisy 2-core machine: +8% to +18% in the median). The gather goes into a second flat buffer (the two swap roles, so no
-    step allocates) laid out with capacity steps + 1, exactly what the next step fills: attention
-    then reads whole contiguous (B, H, t, K) blocks, which CPU batched matmul reads about 2x faster
-    than views with spare capacity in between (measured at 320 rows, 30 positions). Without
-    reorders (greedy), a full buffer grows by GROW positions. An index that splits a sentence's
-    group (a sample that ends before its siblings) turns the cross keys/values into one copy per
-    row (group 1).
+    reorder did before, left them to come back from memory (int8 beam search, interleaved A/Bs
+    on the noisy 2-core benchmark machine: +8% to +18% in the median). The gather goes into a
+    second flat buffer (the two swap roles, so no step allocates) laid out with capacity
+    steps + 1, exactly what the next step fills: attention then reads whole contiguous
+    (B, H, t, K) blocks, which CPU batched matmul reads about 2x faster than views with spare
+    capacity in between (measured at 320 rows, 30 positions). Without reorders (greedy), a full
+    buffer grows by GROW positions. An index that splits a sentence's group (a sample that ends
+    before its siblings) turns the cross keys/values into one copy per row (group 1).
     """
 
     cross_k: list[Tensor] = field(default_factory=list)  # each (B / group, H, S, K)
@@ -172,6 +172,7 @@ class MultiHeadAttention(nn.Module):
     The fused path uses F.scaled_dot_product_attention (flash / memory-efficient kernels where
     available). need_weights=True computes the softmax explicitly and also returns the weights
     (B, H, Tq, Tk): the same projections, so pictures show what translation used.
+    A cached decoding step on CPU takes _step_attention: three batched products, no masks built.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, cross: bool):
@@ -270,7 +271,6 @@ class MultiHeadAttention(nn.Module):
         else:
             out = out.transpose(1, 2)
         return linear(out.reshape(B, T, self.h * self.k), self.out_proj)
-
 
     def _step_attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tensor:
         """The explicit path's attention for a cached decoding step on CPU, in three batched
