@@ -10,8 +10,13 @@ code (seqtool.train.train, exactly what `seqtool train` runs):
    the training loss at the last update (mean over the last 10 updates) of bf16 and fp16 against
    fp32, which must be within 2%;
 3. the big preset in bf16 and fp16 for --speed-updates updates: tokens/s and MFU;
+4. decoding in half precision (issue 4): the small preset (the cpu-small protocol's model)
+   trained in bf16 for --decode-train-seconds (90), then the whole test set translated on the
+   GPU with beam 5 in fp32, bf16 and fp16 (seqtool's Translator, what `seqtool translate` runs)
+   and scored with sacrebleu: bf16 and fp16 must stay within 0.5 BLEU of fp32;
 
-then prints one table (also WORK/summary.json). Under 5 minutes on one H100/H200.
+then prints one table (also WORK/summary.json). About 5 minutes on one H100/H200
+(--decode-train-seconds 0 skips step 4).
 
     MFU = (6 x P + A) x tokens/s / peak
     P    = parameters (embeddings tied with the output projection, counted once)
@@ -144,6 +149,44 @@ def run_one(bin_dir: Path, work: Path, arch: str, precision: str, updates: int, 
     return out
 
 
+def decode_check(bin_dir: Path, work: Path, a) -> list[dict]:
+    """Train the small preset for a.decode_train_seconds in bf16, then translate the test set in
+    fp32, bf16 and fp16 (fp16 only on CUDA) and score BLEU: the figures of issue 4's item 3 on a GPU."""
+    import sacrebleu
+
+    from seqtool.config import DecodeConfig, OptimConfig, TrainConfig, model_config_for
+    from seqtool.train import TrainJob, train
+    from seqtool.translate import Translator
+
+    device = "cpu" if a.dry_run else "cuda"
+    arch = "tiny" if a.dry_run else "small"
+    save = work / f"decode-{arch}"
+    for name in ("last.pt", "best.pt", "metrics.jsonl", "config.json"):
+        (save / name).unlink(missing_ok=True)
+    job = TrainJob(save_dir=save, model=model_config_for(arch), optim=OptimConfig(lr=1e-3, warmup=a.warmup),
+                   train=TrainConfig(max_tokens=a.max_tokens, max_time=a.decode_train_seconds,
+                                     max_updates=8 if a.dry_run else 0, log_interval=0.0, precision="bf16",
+                                     device=device, seed=1, threads=a.threads),
+                   data_dir=bin_dir)
+    result = train(job)
+    limit = 20 if a.dry_run else 0
+    src = read_lines(a.data / "test.es.gz", limit)
+    ref = read_lines(a.data / "test.en.gz", limit)
+    rows = []
+    for precision in ("fp32", "bf16") + (() if a.dry_run else ("fp16",)):
+        config = DecodeConfig(beam=5, batch_size=64, device=device, precision=precision, threads=a.threads)
+        with Translator.load(save / "best.pt", config) as translator:
+            t0 = time.monotonic()
+            out = translator.translate_chunk(0, src)
+            seconds = time.monotonic() - t0
+        hyps = [t.texts[0] if t.texts else "" for t in out]
+        bleu = sacrebleu.corpus_bleu(hyps, [ref]).score
+        rows.append({"arch": arch, "precision": precision, "bleu": bleu, "seconds": seconds, "lines": len(src),
+                     "train_updates": result.updates})
+        log(f"decode {arch} {precision}: BLEU {bleu:.2f}, {seconds:.1f}s for {len(src)} lines")
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=REPO / "data" / "bible-es-en")
@@ -157,6 +200,8 @@ def main() -> int:
     parser.add_argument("--peak", type=float, default=PEAK_H200_BF16, help="FLOP/s of 100%% MFU")
     parser.add_argument("--compile", action="store_true", help="train with --compile")
     parser.add_argument("--tolerance", type=float, default=0.02, help="bf16/fp16 loss vs fp32, relative")
+    parser.add_argument("--decode-train-seconds", type=float, default=90.0,
+                        help="training time of the model for the fp32/bf16/fp16 decoding BLEU check (0 = skip it)")
     parser.add_argument("--dry-run", action="store_true", help="tiny CPU mode: checks the script, measures nothing")
     a = parser.parse_args()
     a.threads = 0
@@ -179,6 +224,8 @@ def main() -> int:
     check_arch, speed_arch = archs
     rows = [run_one(bin_dir, work, check_arch, p, a.check_updates, a) for p in ("fp32", "bf16", "fp16")]
     rows += [run_one(bin_dir, work, speed_arch, p, a.speed_updates, a) for p in ("bf16", "fp16")]
+
+    decoded = decode_check(bin_dir, work, a) if a.decode_train_seconds > 0 else []
 
     reference = rows[0]["loss_last10"]
     lines = [f"## gpu, {datetime.datetime.now():%Y-%m-%d %H:%M}" + (" (DRY RUN on CPU: figures mean nothing)" if a.dry_run else ""),
@@ -207,11 +254,27 @@ def main() -> int:
               f"per target token (attention score and value products, forward + backward)",
               f"loss check: bf16/fp16 within {a.tolerance:.0%} of fp32 after {a.check_updates} updates: "
               + ("MET" if not failures else "NOT MET (" + "; ".join(failures) + ")"),
-              f"total wall: {time.monotonic() - started:.0f}s", ""]
+              ""]
+    if decoded:
+        base = decoded[0]["bleu"]
+        lines += [f"decoding (issue 4): the {decoded[0]['arch']} preset after {decoded[0]['train_updates']} bf16 updates "
+                  f"(at most {a.decode_train_seconds:g}s), {decoded[0]['lines']} test lines, beam 5", "",
+                  "| precision | BLEU | vs fp32 | seconds |", "|---|---|---|---|"]
+        for d in decoded:
+            delta = d["bleu"] - base
+            ok = abs(delta) <= 0.5
+            if d is not decoded[0] and not ok:
+                failures.append(f"decode {d['precision']}: BLEU {delta:+.2f} vs fp32")
+            lines.append(f"| {d['precision']} | {d['bleu']:.2f} | {delta:+.2f}{'' if d is decoded[0] else (' ok' if ok else ' FAIL')} | "
+                         f"{d['seconds']:.1f} |")
+        lines += ["", "decoding check: bf16/fp16 within 0.5 BLEU of fp32: "
+                  + ("MET" if not any(f.startswith("decode") for f in failures) else "NOT MET"), ""]
+    lines += [f"total wall: {time.monotonic() - started:.0f}s", ""]
     table = "\n".join(lines)
     print(table)
     summary = [{k: v for k, v in r.items() if k != "model"} for r in rows]
-    (work / "summary.json").write_text(json.dumps({"rows": summary, "failures": failures}, indent=2, default=str) + "\n")
+    (work / "summary.json").write_text(json.dumps({"rows": summary, "decoding": decoded, "failures": failures}, indent=2,
+                                                  default=str) + "\n")
     return 1 if failures and not a.dry_run else 0
 
 
