@@ -13,6 +13,7 @@ into SAVE_DIR/data through the same code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -21,7 +22,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -190,6 +191,8 @@ class Trainer:
                       "train_seconds": 0.0, "train_tokens": 0, "last_valid_loss": float("nan")}
         self.early_stopping = validate.EarlyStopping(cfg.best_metric, cfg.patience, self.state)  # keeps its state in self.state
         self._resume_or_start()
+        self.interrupts = Interrupts()
+        self.saved_progress: Optional[dict] = None
         self.metrics = MetricsLog(self.paths.metrics, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None,
                                   enabled=self.dist.is_main)
         self.updater.skipped = self.state.get("skipped_updates", 0)
@@ -276,6 +279,12 @@ class Trainer:
         rngs = self.dist.gather(own) if gather else [own]
         if not self.dist.is_main:
             return
+        with self.interrupts.held():
+            self._write_checkpoints(result, improved, rngs)
+            self.saved_progress = dict(st)  # what last.pt now holds
+
+    def _write_checkpoints(self, result: Optional[validate.ValidResult], improved: bool, rngs: list) -> None:
+        st, cfg = self.state, self.train_config
         weights = checkpoint.model_state(self.model)
         train_state = {
             "optimizer": self.optimizer.state_dict(),
@@ -316,9 +325,7 @@ class Trainer:
         window_nll: Any = 0.0
         stopped_by, skipped = "", 0
         self.model.train()
-        previous_sigterm = None
-        if threading.current_thread() is threading.main_thread():  # SIGTERM saves like Ctrl-C
-            previous_sigterm = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        self.interrupts.install()
         try:
             while not stopped_by:
                 shard, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st["epoch"],
@@ -389,7 +396,9 @@ class Trainer:
                     stopped_by = self._validate_and_save() or stopped_by
         except KeyboardInterrupt:
             progress.close()
-            self._save(gather=False)  # not validated: last.pt only, never best.pt
+            self.interrupts.stopping = True  # a second signal no longer interrupts the save below
+            if self.saved_progress != st:  # (a signal held back by a save stops the run right after it)
+                self._save(gather=False)  # not validated: last.pt only, never best.pt
             log.warn(f"interrupted at update {st['updates']}: saved {self.paths.last}; run the same command again to resume")
             raise
         except update.OutOfMemoryError:
@@ -402,8 +411,7 @@ class Trainer:
         finally:
             progress.close()
             self.metrics.close()
-            if previous_sigterm is not None:
-                signal.signal(signal.SIGTERM, previous_sigterm)
+            self.interrupts.restore()
         st["train_seconds"] = time.monotonic() - start
         return TrainResult(
             updates=st["updates"], epochs=st["epoch"] - 1 + st["batch_in_epoch"] / max(len(batches), 1),
@@ -450,8 +458,47 @@ def check_languages(data_dir: Path, meta: dict, cfg: TrainConfig) -> None:
                               f"drop {option} or binarize {asked} data")
 
 
-def _raise_keyboard_interrupt(signum, frame):
-    raise KeyboardInterrupt
+class Interrupts:
+    """Ctrl-C and SIGTERM (torchrun's, a scheduler's) stop training as a KeyboardInterrupt, which
+    saves last.pt, except while a checkpoint is being written: raised inside torch.save, it breaks
+    the zip writer (a RuntimeError "unexpected pos") and loses the save in progress. So inside
+    held() a signal is only noted, and raised when the write is done; once the run is stopping
+    (the interrupt's own save), further signals are ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.holding = self.pending = self.stopping = False
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+            return
+        for signum in self.SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup'd or backgrounded: stay deaf
+                self.previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.holding or self.stopping:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending and not self.stopping:
+            self.pending = False
+            raise KeyboardInterrupt
 
 
 def _without(configs: dict) -> dict:

@@ -143,3 +143,50 @@ def test_prune_keeps_the_newest_numbered_copies(tmp_path):
     removed = checkpoint.prune_numbered(tmp_path, 2)
     assert sorted(p.name for p in removed) == ["checkpoint_u40.pt", "checkpoint_u5.pt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_best.pt", "checkpoint_u1000.pt", "checkpoint_u300.pt"]
+
+
+class _SignalOnFirstWrite:
+    """A file handle that sends this process `signum` from inside torch.save's first write: where a
+    Ctrl-C or SIGTERM that raised at once broke the zip writer ("unexpected pos") and lost the save."""
+
+    def __init__(self, handle, signum):
+        self.handle, self.signum, self.sent = handle, signum, False
+
+    def write(self, data):
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), self.signum)
+        return self.handle.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.handle, name)
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_checkpoint_write_waits_for_the_write(small_corpus, tmp_path, monkeypatch, signum):
+    import signal
+
+    save = tmp_path / "run"
+    real_save = torch.save
+    writes = []
+
+    def save_and_signal_once(obj, handle, *args, **kwargs):
+        writes.append(1)
+        if len(writes) == 1:  # the interval save at update 2
+            handle = _SignalOnFirstWrite(handle, getattr(signal, signum))
+        return real_save(obj, handle, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_and_signal_once)
+    # Python's own Ctrl-C handler, also where the test runner was started with SIGINT ignored
+    runner_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # the run stops (the CLI exits 130), after the save
+            train(_job(small_corpus, save, max_updates=10, save_interval_updates=2))
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    finally:
+        signal.signal(signal.SIGINT, runner_sigint)
+    assert len(writes) == 1  # the interrupted save completed; nothing to write again
+    assert checkpoint.load(save / "last.pt")["train_state"]["progress"]["updates"] == 2
+    assert sorted(p.name for p in save.iterdir()) == ["config.json", "last.pt", "metrics.jsonl"]  # no temp file left
+    monkeypatch.setattr(torch, "save", real_save)
+    assert train(_job(small_corpus, save, max_updates=3)).updates == 3  # and the run resumes
