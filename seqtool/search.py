@@ -247,9 +247,9 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
     for step in range(L):
         b = alive.numel()
+        lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(rows), min_len)
         # Each row's best 2K tokens hold the sentence's best 2K candidates (no row gives more), so
         # the sentence ranks rows x 2K candidates, not rows x V.
-        lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(rows), min_len)
         lprobs, row_token = top_k(lprobs, min(2 * K, lprobs.size(1)))  # (b*rows, W)
         W = lprobs.size(1)
         cand = scores[:, :, None] + lprobs.view(b, rows, W)  # (b, rows, W)
