@@ -111,7 +111,7 @@ def seqtool_train(a, W: Path, prec: str, env: dict) -> dict:
         if ck.exists():  # seqtool would resume from last.pt: keep the old run aside, inside WORK
             ck.rename(ck.with_name(f"{ck.name}.old-{datetime.datetime.now():%Y%m%d-%H%M%S}"))
         r = run(f"train-{prec}", [sys.executable, "-m", "seqtool", "train", W / "bin", "--save-dir", ck, "--arch", "small",
-                                  "--max-tokens", 4096, "--lr", "1e-3", "--warmup", 1000, "--label-smoothing", 0.1,
+                                  "--max-tokens", 4096, "--lr", "1e-3", "--warmup", 1000, "--lr-schedule", "inverse-sqrt", "--label-smoothing", 0.1,
                                   "--dropout", 0.1, "--clip-norm", 1.0, "--max-time", f"{a.minutes:g}m", "--precision", prec,
                                   "--device", "cpu", "--seed", 1, "--threads", a.threads], logs, env)
     else:

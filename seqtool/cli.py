@@ -155,7 +155,8 @@ def train(
     config_file: Annotated[Optional[Path], typer.Option("--config", help="TOML file with model, optim and train tables (and an arch key); options given here win.")] = None,
     max_tokens: MaxTokens = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
-    warmup: Annotated[Optional[int], typer.Option("--warmup", help="Linear warmup updates.")] = None,
+    warmup: Annotated[Optional[float], typer.Option("--warmup", help="Linear warmup: N updates (at most 10% of the horizon), or a share of the horizon below 1 (e.g. 0.05) [default: 1000].")] = None,
+    lr_schedule: Annotated[Optional[str], typer.Option("--lr-schedule", help="auto (linear decay to 0 at the horizon of --max-updates/--max-epochs/--max-time when there is one, else inverse-sqrt), inverse-sqrt, linear, cosine or wsd (warmup-stable-decay, the last 20%).")] = None,
     label_smoothing: Annotated[Optional[float], typer.Option("--label-smoothing")] = None,
     dropout: Annotated[Optional[float], typer.Option("--dropout")] = None,
     clip_norm: Annotated[Optional[float], typer.Option("--clip-norm", help="Gradient norm clip (0 = off).")] = None,
@@ -203,7 +204,8 @@ def train(
     for key, value in (("dropout", dropout), ("pre_norm", pre_norm)):
         if value is not None:
             model_over[key] = value
-    for key, value in (("lr", lr), ("warmup", warmup), ("label_smoothing", label_smoothing), ("clip_norm", clip_norm)):
+    for key, value in (("lr", lr), ("warmup", warmup), ("lr_schedule", lr_schedule), ("label_smoothing", label_smoothing),
+                       ("clip_norm", clip_norm)):
         if value is not None:
             optim_over[key] = value
     for key, value in (("max_tokens", max_tokens), ("max_updates", max_updates), ("max_epochs", max_epochs),

@@ -96,8 +96,11 @@ PRESETS: dict[str, dict[str, int]] = {
 
 @dataclass(frozen=True)
 class OptimConfig(_Config):
-    lr: float = 1e-3
-    warmup: int = 1000  # linear warmup from 0, then inverse square root decay
+    lr: float = 1e-3  # the peak
+    # linear warmup from 0 over N updates (at most 10% of a horizon), or over a share 0 < F < 1 of it
+    warmup: float = 1000
+    # auto: linear decay to 0 at the horizon when the run has one, else inverse-sqrt (schedule.py)
+    lr_schedule: str = "auto"
     betas: tuple[float, float] = (0.9, 0.98)
     eps: float = 1e-8
     weight_decay: float = 0.0
@@ -107,7 +110,11 @@ class OptimConfig(_Config):
     def __post_init__(self):
         object.__setattr__(self, "betas", tuple(self.betas))
         _check(self.lr > 0, f"--lr must be > 0, got {self.lr}")
-        _check(self.warmup >= 0, "--warmup must be >= 0")
+        _check(self.warmup >= 0, f"--warmup must be >= 0 (updates, or a share of the horizon below 1), got {self.warmup}")
+        _check(self.warmup < 1 or float(self.warmup).is_integer(),
+               f"--warmup is a number of updates or a share of the horizon below 1, got {self.warmup}")
+        _check(self.lr_schedule in ("auto", "inverse-sqrt", "linear", "cosine", "wsd"),
+               f"--lr-schedule must be auto, inverse-sqrt, linear, cosine or wsd, got {self.lr_schedule!r}")
         _check(self.clip_norm >= 0, "--clip-norm must be >= 0")
         _check(0.0 <= self.label_smoothing < 1.0, f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
 

@@ -1,12 +1,11 @@
 """The training loop.
 
-Owns one training run: model and optimizer set-up, the inverse-square-root LR schedule,
-validation, early stopping limits (updates, epochs, wall clock), checkpoints (last.pt with
+Owns one training run: model and optimizer set-up, validation, early stopping limits (updates, epochs, wall clock), checkpoints (last.pt with
 training state, best.pt without, update-numbered copies), and resuming a run from last.pt when
 the configuration matches. One update (precision, loss scaling, accumulation, clipping,
 --compile) is update.py's; several processes (torchrun, DDP, which rank gets which batch)
 distributed.py's; what a validation measures and when it stops a run, validate.py's; where the
-numbers go, metrics.py's; what --finetune takes from its checkpoint, finetune.py's. Training on
+numbers go, metrics.py's; the learning rate of each update, schedule.py's; what --finetune takes from its checkpoint, finetune.py's. Training on
 raw parallel files first trains a tokenizer (or takes the --finetune checkpoint's) and binarizes
 into SAVE_DIR/data through the same code.
 """
@@ -26,7 +25,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import checkpoint, distributed, finetune, linear, log, update, validate
+from . import checkpoint, distributed, finetune, linear, log, schedule, update, validate
 from .binarize import SplitSpec, binarize
 from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
@@ -82,13 +81,6 @@ class TrainResult:
     @property
     def tokens_per_second(self) -> float:
         return self.train_tokens / max(self.train_seconds, 1e-9)
-
-
-def inverse_sqrt_lr(update: int, lr: float, warmup: int) -> float:
-    """Linear warmup from 0 to lr over `warmup` updates, then lr * sqrt(warmup / update)."""
-    if warmup and update < warmup:
-        return lr * update / warmup
-    return lr * math.sqrt(max(warmup, 1) / max(update, 1))
 
 
 def pick_device(name: str) -> torch.device:
@@ -166,7 +158,10 @@ class Trainer:
         self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
         precision = update.resolve_precision(cfg.precision, self.device)  # "auto" -> what this device runs
         self.train_config = cfg.replace(src_lang=self.meta["src_lang"], tgt_lang=self.meta["tgt_lang"], precision=precision)
-        self.configs = {"model": self.model_config.to_dict(), "optim": job.optim.to_dict(), "train": self.train_config.to_dict()}
+        self.schedule = schedule.resolve(job.optim, self.train_config)
+        # the resolved schedule is written down too (derived from the settings compared on resume)
+        self.configs = {"model": self.model_config.to_dict(), "optim": job.optim.to_dict(), "train": self.train_config.to_dict(),
+                        "schedule": self.schedule.describe()}
         if source is not None:
             self.configs["finetune"] = source.describe()
         if precision == "fp16" and self.device.type == "cpu":
@@ -248,10 +243,14 @@ class Trainer:
         log.info(f"resuming {self.paths.last}: update {self.state['updates']}, epoch {self.state['epoch']}")
 
     # ---- one update ---------------------------------------------------------------------
-    def _step(self, batches: list, global_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _step(self, batches: list, global_tokens: int, epoch_batches: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One update over this rank's micro-batches; returns this rank's summed loss and NLL as
-        tensors (no host sync). global_tokens: target tokens of the update on all ranks."""
-        lr = inverse_sqrt_lr(self.state["updates"] + 1, self.job.optim.lr, self.job.optim.warmup)
+        tensors (no host sync). global_tokens: target tokens of the update on all ranks;
+        epoch_batches: updates in this epoch (the --max-epochs share of the schedule)."""
+        st = self.state
+        done = schedule.progress(self.train_config, st["updates"], st["train_seconds"],
+                                 st["epoch"] - 1 + st["batch_in_epoch"] / epoch_batches)
+        lr = self.schedule.lr(st["updates"] + 1, done)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         on_device = [(b.src.to(self.device, non_blocking=True), b.tgt_in.to(self.device, non_blocking=True),
@@ -311,6 +310,7 @@ class Trainer:
     def run(self) -> TrainResult:
         cfg, st = self.train_config, self.state
         mc = self.model_config
+        log.info(f"learning rate: peak {self.schedule.peak:g}, {self.schedule.summary()}")
         log.info(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters, "
                  f"{mc.encoder_layers}+{mc.decoder_layers} layers, d_model {mc.d_model}, {mc.n_heads} heads, "
                  f"device {self.device}, precision {cfg.precision}, threads {torch.get_num_threads()}"
@@ -348,7 +348,7 @@ class Trainer:
                     micro = [collate(self.train_set, ids, mc.pad_id, mc.bos_id, mc.eos_id) for ids in batches[k]]
                     n = sum(b.ntokens for b in micro)
                     n_all = self.dist.sum_int(n)  # the loss is normalised by the tokens of all ranks
-                    loss, nll = self._step(micro, n_all)
+                    loss, nll = self._step(micro, n_all, len(batches))
                     st["updates"] += 1
                     st["batch_in_epoch"] = k + 1
                     st["train_tokens"] += n_all
@@ -507,6 +507,10 @@ def _without(configs: dict) -> dict:
     out["train"] = {**json.loads(json.dumps(TrainConfig().to_dict())), **out.get("train", {})}
     for key in RESUMABLE_CHANGES:
         out.get("train", {}).pop(key, None)
+    out.pop("schedule", None)  # follows from the settings compared here and the limits, which may change
+    # settings added since a run was saved count as their defaults; a run saved before lr_schedule
+    # existed decayed as inverse-sqrt
+    out["optim"] = {"lr_schedule": "inverse-sqrt", **out.get("optim", {})}
     return out
 
 

@@ -8,7 +8,7 @@ import torch
 from seqtool import checkpoint
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.textio import InputError
-from seqtool.train import TrainJob, inverse_sqrt_lr, train
+from seqtool.train import Trainer, TrainJob, train
 
 from conftest import binarized_reverse_corpus, tiny_job
 
@@ -20,12 +20,6 @@ def data_dir(tmp_path_factory):
 
 def _job(data_dir, save_dir, **train):
     return tiny_job(data_dir, save_dir, **train)
-
-
-def test_lr_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():
-    assert inverse_sqrt_lr(1, 1e-3, 100) == pytest.approx(1e-5)
-    assert inverse_sqrt_lr(100, 1e-3, 100) == pytest.approx(1e-3)
-    assert inverse_sqrt_lr(400, 1e-3, 100) == pytest.approx(5e-4)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -67,14 +61,36 @@ def test_resume_continues_and_refuses_another_configuration(data_dir, tmp_path):
         train(_job(data_dir, tmp_path / "run", max_updates=8, max_tokens=700))
 
 
-def test_resumed_run_equals_an_uninterrupted_one(data_dir, tmp_path):
-    train(_job(data_dir, tmp_path / "once", max_updates=6))
-    train(_job(data_dir, tmp_path / "twice", max_updates=3))
-    train(_job(data_dir, tmp_path / "twice", max_updates=6))
+@pytest.mark.parametrize("schedule", ["linear", "inverse-sqrt"])
+def test_resumed_run_equals_an_uninterrupted_one(data_dir, tmp_path, monkeypatch, schedule):
+    """Interrupted in the middle of the decay (update 5 of 8, warmup 2) and resumed with the same
+    command: the weights and the learning rates equal those of the run that was never stopped."""
+    def job(save):
+        return TrainJob(save_dir=save, model=model_config_for("tiny"), optim=OptimConfig(warmup=2, lr_schedule=schedule),
+                        train=TrainConfig(max_tokens=600, threads=2, max_updates=8, log_interval=0.0), data_dir=data_dir)
+
+    train(job(tmp_path / "once"))
+    real_step = Trainer._step
+
+    def interrupt_at_5(self, *args):
+        if self.state["updates"] == 5:
+            raise KeyboardInterrupt
+        return real_step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_step", interrupt_at_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(job(tmp_path / "twice"))
+    monkeypatch.setattr(Trainer, "_step", real_step)
+    train(job(tmp_path / "twice"))
     a = checkpoint.load(tmp_path / "once" / "last.pt")["weights"]
     b = checkpoint.load(tmp_path / "twice" / "last.pt")["weights"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
+
+    def lrs(save):
+        records = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
+        return {r["update"]: r["lr"] for r in records if r["kind"] == "train"}
+    assert lrs(tmp_path / "twice") == lrs(tmp_path / "once") and len(lrs(tmp_path / "once")) == 8
 
 
 def test_plain_progress_lines_when_stderr_is_not_a_terminal(data_dir, tmp_path, capsys):
