@@ -29,7 +29,7 @@ app = typer.Typer(
 
 # ---- options shared by several commands, defined once -------------------------------------
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-Precision = Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16 (fp16: CUDA, with loss scaling in training).")]
+Precision = Annotated[str, typer.Option("--precision", help="auto (bf16 on CPUs with AVX512-BF16/AMX, else fp32), fp32, bf16 or fp16 (CUDA).")]
 Threads = Annotated[int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")]
 Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]
 Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes that encode text in parallel.")]
@@ -175,7 +175,7 @@ def train(
     keep_last: Annotated[Optional[int], typer.Option("--keep-last", help="Keep the newest K copies checkpoint_u<UPDATES>.pt written every --save-interval-updates.")] = None,
     tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Also log to TensorBoard in this directory (pip install 'seqtool[tensorboard]').")] = None,
     finetune: Annotated[Optional[Path], typer.Option("--finetune", help="Start from this checkpoint's weights, model and tokenizer, with fresh optimizer, schedule and progress.")] = None,
-    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU), fp32, bf16 or fp16 (with loss scaling).")] = "auto",
+    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on GPUs and CPUs with bfloat16 arithmetic: AVX512-BF16 or AMX; fp16 on older GPUs; else fp32), fp32, bf16 or fp16 (with loss scaling).")] = "auto",
     device: Device = "auto",
     seed: Annotated[int, typer.Option("--seed")] = 1,
     threads: Threads = 0,
@@ -274,7 +274,7 @@ def translate(
     print_alignment: Annotated[bool, typer.Option("--print-alignment", help="Add a 4th field: source-target token pairs 'i-j' from encoder-decoder attention.")] = False,
     alignment_layer: Annotated[int, typer.Option("--alignment-layer", help="Decoder layer (1-based) whose attention, averaged over heads, gives --print-alignment; 0 = the last.")] = 0,
     device: Device = "auto",
-    precision: Precision = "fp32",
+    precision: Precision = "auto",
     quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
     threads: Threads = 0,
     workers: Annotated[int, typer.Option("--workers", help="CPU decoding processes, each on --threads/N threads, decoding batches in parallel: more throughput for files (CTranslate2's inter_threads).")] = 1,

@@ -127,7 +127,7 @@ class TrainConfig(_Config):
     max_time: float = 0.0  # seconds; 0 = no limit
     validate_interval_updates: int = 0  # 0 = once per epoch only
     log_interval: float = 10.0  # seconds between plain log lines when stderr is not a terminal
-    precision: str = "auto"  # auto: bf16 on GPUs that have it, fp16 on older GPUs, fp32 on CPU (update.py)
+    precision: str = "auto"  # auto: bf16 where the GPU or CPU has bf16 arithmetic, fp16 on older GPUs, else fp32 (device.py)
     device: str = "auto"
     seed: int = 1
     threads: int = 0  # 0 = torch's default
@@ -181,7 +181,7 @@ class DecodeConfig(_Config):
     print_alignment: bool = False  # hard alignment from encoder-decoder attention (attention.py)
     alignment_layer: int = 0  # 1-based decoder layer for --print-alignment; 0 = the last
     device: str = "auto"
-    precision: str = "fp32"  # bf16 (CPU, CUDA) / fp16 (CUDA): weights cast once, see precision.py
+    precision: str = "auto"  # auto (device.py): bf16 on CPUs with bf16 instructions, else fp32; bf16 / fp16 (CUDA): weights cast once, see precision.py
     quantize: str = "none"  # int8: dynamic quantization of the linear layers (CPU)
     threads: int = 0
     workers: int = 1  # CPU decoding processes, batches in parallel, threads / workers threads each (workers.py)
@@ -222,10 +222,10 @@ class DecodeConfig(_Config):
         _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
         _check(self.alignment_layer >= 0, f"--alignment-layer must be >= 0 (0 = the last layer), got {self.alignment_layer}")
         _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
-        _check(self.precision in ("fp32", "bf16", "fp16"), f"--precision must be fp32, bf16 or fp16, got {self.precision!r}")
+        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"--precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         _check(self.errors in ("strict", "replace"), f"--errors must be strict or replace, got {self.errors!r}")
         _check(self.quantize in ("none", "int8"), f"--quantize must be none or int8, got {self.quantize!r}")
-        _check(self.quantize == "none" or self.precision == "fp32",
+        _check(self.quantize == "none" or self.precision in ("auto", "fp32"),
                f"--quantize {self.quantize} computes in int8/float32; drop --precision {self.precision}")
 
 

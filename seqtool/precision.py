@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from .config import ConfigError
+from .device import cuda_has_bf16
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -28,7 +29,7 @@ def check(device: torch.device, precision: str, quantize: str) -> None:
     (Values and combinations that never work are refused by DecodeConfig already.)"""
     if precision == "fp16" and device.type == "cpu":
         raise ConfigError("--precision fp16 needs a CUDA device (CPU has no fast float16 arithmetic); use --precision bf16 on CPU")
-    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if precision == "bf16" and device.type == "cuda" and not cuda_has_bf16(device):
         raise ConfigError("--precision bf16: this GPU has no bfloat16 arithmetic; use --precision fp16")
     if quantize == "int8" and device.type != "cpu":
         raise ConfigError(f"--quantize int8 runs on CPU only; on {device.type} use --precision bf16 or fp16")

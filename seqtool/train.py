@@ -26,6 +26,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from . import checkpoint, distributed, finetune, linear, log, schedule, update, validate
+from .device import pick_device, resolve_precision
 from .binarize import SplitSpec, binarize
 from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
@@ -81,14 +82,6 @@ class TrainResult:
     @property
     def tokens_per_second(self) -> float:
         return self.train_tokens / max(self.train_seconds, 1e-9)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda: no CUDA device is available (this torch build or machine has none); use --device cpu")
-    return torch.device(name)
 
 
 def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path:
@@ -156,7 +149,7 @@ class Trainer:
         sp = self.meta["special_ids"]
         base_model = source.model_config if source is not None else job.model
         self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
-        precision = update.resolve_precision(cfg.precision, self.device)  # "auto" -> what this device runs
+        precision = resolve_precision(cfg.precision, self.device, "train")  # "auto" -> what this device runs
         self.train_config = cfg.replace(src_lang=self.meta["src_lang"], tgt_lang=self.meta["tgt_lang"], precision=precision)
         self.schedule = schedule.resolve(job.optim, self.train_config)
         # the resolved schedule is written down too (derived from the settings compared on resume)

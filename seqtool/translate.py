@@ -31,7 +31,7 @@ from .config import ConfigError, DecodeConfig
 from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
-from .train import pick_device
+from .device import pick_device, resolve_precision
 
 IDLE_FLUSH_SECONDS = 0.05
 BLOCK_BYTES = 1 << 16  # the reader's largest read
@@ -79,6 +79,11 @@ class Translator:
         if config.threads:
             torch.set_num_threads(config.threads)
         device = pick_device(config.device)
+        if config.precision == "auto":  # resolved once here: workers and ensembles get the choice
+            chosen = "fp32" if config.quantize != "none" else resolve_precision("auto", device, "translate")
+            config = config.replace(precision=chosen)
+        else:
+            resolve_precision(config.precision, device, "translate")  # refuses or warns where it cannot run well
         precision.check(device, config.precision, config.quantize)
         if device.type == "cpu":
             allocator.keep_freed_memory()  # no page faults for every step's buffers (allocator.py)

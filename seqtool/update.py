@@ -4,8 +4,7 @@ Owns the arithmetic of training around the model:
 
 - the optimizer: AdamW with one fused kernel for all parameters where torch has it (CUDA, and CPU
   in recent torch), else the multi-tensor (foreach) implementation;
-- the number format: ``--precision auto`` resolved for the device (bf16 on GPUs with bfloat16
-  arithmetic, fp16 on older GPUs, fp32 on CPU) and how 16-bit computation is arranged: autocast
+- the number format (``--precision auto`` is resolved by device.py) and how 16-bit computation is arranged: autocast
   on GPUs, bf16 activations end to end on CPU (activation_dtype says why). Either way parameters,
   gradients and optimizer state stay float32 (master weights); only the computation runs in 16 bits;
 - fp16's dynamic loss scaling, done in the order that keeps clipping meaningful: scale the loss,
@@ -49,27 +48,6 @@ class Diverged(ConfigError):
 
 class OutOfMemory(ConfigError):
     """The device ran out of memory: the fix is a smaller batch, precision or model."""
-
-
-def cuda_has_bf16(device: torch.device) -> bool:
-    """bfloat16 arithmetic in hardware (Ampere and later, and ROCm), not emulated."""
-    if torch.version.hip:
-        return True
-    return torch.cuda.get_device_capability(device)[0] >= 8
-
-
-def resolve_precision(name: str, device: torch.device) -> str:
-    """--precision auto -> bf16 on GPUs with bfloat16 arithmetic, fp16 on older GPUs, fp32 on CPU
-    (CPU bf16 is fast only on some processors, so it stays a choice the user makes)."""
-    if name == "auto":
-        if device.type == "cuda":
-            return "bf16" if cuda_has_bf16(device) else "fp16"
-        return "fp32"
-    if name == "bf16" and device.type == "cuda" and not cuda_has_bf16(device):
-        major, minor = torch.cuda.get_device_capability(device)
-        raise ConfigError(f"--precision bf16: this GPU (compute capability {major}.{minor}) has no bfloat16 arithmetic; "
-                          "use --precision fp16 (or auto)")
-    return name
 
 
 def activation_dtype(device: torch.device, precision: str) -> Optional[torch.dtype]:

@@ -76,7 +76,7 @@ def decode_config(cfg: TrainConfig) -> DecodeConfig:
     """The `seqtool translate` settings that reproduce --eval-bleu's hypotheses:
     `--beam B --lenpen L --max-len-a A --max-len-b N` (and translate's other defaults)."""
     return DecodeConfig(beam=cfg.eval_bleu_beam, lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
-                        max_len_b=cfg.eval_bleu_max_len_b)
+                        max_len_b=cfg.eval_bleu_max_len_b, precision="fp32")  # the training model's own weights
 
 
 def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, config: DecodeConfig, device: torch.device) -> list[str]:

@@ -150,24 +150,28 @@ def test_micro_batches_accumulate_to_the_update_of_their_concatenation():
 
 # ---- choices made for the device -------------------------------------------------------------
 def test_precision_auto_resolves_per_device(monkeypatch):
-    assert update.resolve_precision("auto", CPU) == "fp32"
-    assert update.resolve_precision("bf16", CPU) == "bf16"
+    from seqtool import device as device_module
+
     cuda = torch.device("cuda", 0)
-    monkeypatch.setattr(update, "cuda_has_bf16", lambda device: True)
-    assert update.resolve_precision("auto", cuda) == "bf16"
-    monkeypatch.setattr(update, "cuda_has_bf16", lambda device: False)
+    monkeypatch.setattr(device_module, "cuda_has_bf16", lambda device: True)
+    assert device_module.resolve_precision("auto", cuda, "train") == "bf16"
+    assert device_module.resolve_precision("auto", cuda, "translate") == "fp32"
+    monkeypatch.setattr(device_module, "cuda_has_bf16", lambda device: False)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
-    assert update.resolve_precision("auto", cuda) == "fp16"
-    assert update.resolve_precision("fp32", cuda) == "fp32"
+    assert device_module.resolve_precision("auto", cuda, "train") == "fp16"
+    assert device_module.resolve_precision("fp32", cuda, "train") == "fp32"
     with pytest.raises(ConfigError, match=r"compute capability 7\.0\) has no bfloat16.*--precision fp16"):
-        update.resolve_precision("bf16", cuda)
+        device_module.resolve_precision("bf16", cuda, "train")
 
 
-def test_precision_auto_trains_in_fp32_on_cpu(data_dir, tmp_path):
+def test_precision_auto_trains_in_what_this_cpu_runs_fast(data_dir, tmp_path, capsys):
+    from seqtool.device import cpu_bf16_instructions
+
     assert TrainConfig().precision == "auto"
     train(_job(data_dir, tmp_path / "run", max_updates=1))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert saved["train"]["precision"] == "fp32"
+    assert saved["train"]["precision"] == ("bf16" if cpu_bf16_instructions() else "fp32")
+    assert f"--precision auto: {saved['train']['precision']} (this CPU" in capsys.readouterr().err
 
 
 def test_optimizer_is_adamw_with_one_fused_or_foreach_kernel(monkeypatch):
@@ -307,7 +311,7 @@ def _oom(*args, **kwargs):
 def test_out_of_memory_says_what_to_lower(monkeypatch, data_dir, tmp_path):
     monkeypatch.setattr(update.Updater, "step", _oom)
     with pytest.raises(update.OutOfMemory) as info:
-        train(_job(data_dir, tmp_path / "run", max_updates=2, update_freq=3))
+        train(_job(data_dir, tmp_path / "run", max_updates=2, update_freq=3, precision="fp32"))
     message = str(info.value)
     assert message.startswith("cpu: out of memory while training")
     assert "lower --max-tokens (now 600; --max-tokens 300 --update-freq 6 keeps the effective batch)" in message
