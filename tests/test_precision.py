@@ -90,7 +90,7 @@ def test_quantize_option_reaches_the_library_call(monkeypatch):
     monkeypatch.setattr(seqtool.translate, "translate_file", lambda ckpt, config, *a: seen.update(config=config) or 0)
     result = runner.invoke(app, ["translate", "-c", "m.pt", "--quantize", "int8", "--threads", "2"])
     assert result.exit_code == 0, result.output
-    assert (seen["config"].quantize, seen["config"].precision, seen["config"].threads) == ("int8", "fp32", 2)
+    assert (seen["config"].quantize, seen["config"].precision, seen["config"].threads) == ("int8", "auto", 2)  # auto: fp32 with int8
 
 
 def test_cli_int8_translates_without_deprecation_noise(tiny_checkpoint):
