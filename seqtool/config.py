@@ -148,6 +148,9 @@ class TrainConfig(_Config):
     update_freq: int = 1  # micro-batches accumulated per update (per rank)
     dist_timeout: float = 600.0  # seconds a rank waits for the others before the job fails (distributed.py)
     compile: bool = False  # torch.compile the model; falls back to eager where it cannot
+    # an exponential moving average of the weights (ema.py), validated at the end of the run and
+    # kept as best.pt when it is better; 0 = off
+    ema_decay: float = 0.999
 
     def __post_init__(self):
         _check(self.best_metric in ("loss", "bleu", "chrf"), f"--best-metric must be loss, bleu or chrf, got {self.best_metric!r}")
@@ -166,6 +169,7 @@ class TrainConfig(_Config):
         _check(self.update_freq >= 1, f"--update-freq must be >= 1, got {self.update_freq}")
         _check(self.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
         _check(self.max_updates >= 0 and self.max_epochs >= 0 and self.max_time >= 0, "limits must be >= 0")
+        _check(0.0 <= self.ema_decay < 1.0, f"--ema-decay must be in [0, 1) (0 = off), got {self.ema_decay}")
 
 
 @dataclass(frozen=True)

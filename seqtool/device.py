@@ -74,8 +74,8 @@ def resolve_precision(name: str, device: torch.device, purpose: str) -> str:
     auto resolved (and the choice logged with its reason); bf16 on a GPU without it refused; bf16
     on a CPU without bf16 instructions allowed with a warning that says what it costs."""
     if name == "auto":
-        name, why = _auto(device, purpose)
-        log.info(f"--precision auto: {name} ({why})")
+        name, why = auto_precision(device, purpose)
+        log.info(announce(name, why))
         return name
     if name == "bf16" and device.type == "cuda" and not cuda_has_bf16(device):
         major, minor = torch.cuda.get_device_capability(device)
@@ -87,7 +87,12 @@ def resolve_precision(name: str, device: torch.device, purpose: str) -> str:
     return name
 
 
-def _auto(device: torch.device, purpose: str) -> tuple[str, str]:
+def announce(name: str, why: str) -> str:
+    return f"--precision auto: {name} ({why})"
+
+
+def auto_precision(device: torch.device, purpose: str) -> tuple[str, str]:
+    """What --precision auto means for `purpose` ("train" or "translate") on `device`, and why."""
     if device.type == "cuda":
         if purpose == "translate":
             return "fp32", "half-precision decoding measured slower than fp32 on GPU"

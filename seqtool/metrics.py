@@ -1,7 +1,7 @@
 """Where training numbers go: SAVE_DIR/metrics.jsonl and, optionally, TensorBoard.
 
 Owns the metrics records of a run: one JSON object per line in metrics.jsonl ("kind": "train"
-per log interval, "kind": "valid" per validation), appended and closed at once so a killed run
+per log interval, "kind": "valid" per validation, "valid_ema" for the weight average at the end), appended and closed at once so a killed run
 keeps every line it wrote, and, with --tensorboard DIR, the same numbers as TensorBoard scalars
 (train/loss, valid/bleu, ...) stepped by update. TensorBoard is an optional extra
 (`pip install 'seqtool[tensorboard]'`).
@@ -20,6 +20,7 @@ from .config import ConfigError
 SCALARS = {
     "train": ("loss", "ppl", "lr", "tokens_per_s"),
     "valid": ("loss", "ppl", "bleu", "chrf", "best_loss", "best"),
+    "valid_ema": ("loss", "ppl", "bleu", "chrf"),
 }
 
 

@@ -26,6 +26,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from . import checkpoint, distributed, finetune, linear, log, schedule, update, validate
+from .ema import EMA
 from .device import pick_device, resolve_precision
 from .binarize import SplitSpec, binarize
 from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
@@ -174,6 +175,7 @@ class Trainer:
         self.updater = update.Updater(loss_fn, self.optimizer, self.device, precision, job.optim.clip_norm,
                                       ddp=self.dist.wrap(loss_fn), compile=cfg.compile)
         self.scaler = self.updater.scaler
+        self.ema = EMA(self.model.parameters(), cfg.ema_decay) if cfg.ema_decay else None
         # batch_in_epoch: updates made in the current epoch (each of update_freq x ranks batches)
         self.state = {"updates": 0, "epoch": 1, "batch_in_epoch": 0, "best_valid_loss": float("inf"),
                       "train_seconds": 0.0, "train_tokens": 0, "last_valid_loss": float("nan")}
@@ -226,6 +228,8 @@ class Trainer:
         if self.dist.rank < len(rngs):
             distributed.set_rng_state(rngs[self.dist.rank], self.device)
         self.state.update(ts["progress"])
+        if self.ema is not None and ts.get("ema"):  # (a run saved without one starts its average now)
+            self.ema.load_state_dict(ts["ema"])
         saved_world = ts.get("world_size", 1)
         if saved_world != self.dist.world_size:
             self.state["batch_in_epoch"] = distributed.resume_position(self.state["batch_in_epoch"], saved_world,
@@ -249,7 +253,10 @@ class Trainer:
         on_device = [(b.src.to(self.device, non_blocking=True), b.tgt_in.to(self.device, non_blocking=True),
                       b.tgt_out.to(self.device, non_blocking=True)) for b in batches]
         # DDP averages gradients over ranks: world / tokens makes it the mean over all tokens
-        return self.updater.step(on_device, self.dist.world_size / global_tokens)
+        losses = self.updater.step(on_device, self.dist.world_size / global_tokens)
+        if self.ema is not None:
+            self.ema.update()
+        return losses
 
     def validate(self) -> validate.ValidResult:
         """Loss (and, with --eval-bleu, BLEU/chrF) on the validation split; nan without one."""
@@ -286,6 +293,7 @@ class Trainer:
             "rng_ranks": rngs,
             "world_size": self.dist.world_size,
             "progress": dict(st),
+            "ema": self.ema.state_dict() if self.ema is not None else None,
         }
         valid = None if result is None else {"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf}
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
@@ -387,6 +395,8 @@ class Trainer:
                         stopped_by = self.dist.from_main(stopped_by)
                 if not validated:  # (an interval validation of the epoch's last update counts)
                     stopped_by = self._validate_and_save() or stopped_by
+            if self.ema is not None and self.valid_set is not None:
+                self._offer_average()
         except KeyboardInterrupt:
             progress.close()
             self.interrupts.stopping = True  # a second signal no longer interrupts the save below
@@ -413,6 +423,29 @@ class Trainer:
             save_dir=self.paths.save_dir, stopped_by=stopped_by,
             best_metric=cfg.best_metric, best_value=st["best_metric_value"],
         )
+
+    def _offer_average(self) -> None:
+        """At the end of a run: validate the weights' moving average; when it beats the best
+        validation so far it becomes best.pt (last.pt keeps the trained weights and the average)."""
+        st, stopping = self.state, self.early_stopping
+        with self.ema.applied():
+            result = self.validate()
+            better = stopping.beats_best(result)
+            if better and self.dist.is_main:
+                ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, checkpoint.model_state(self.model),
+                                        valid_loss=result.loss, updates=st["updates"], progress=dict(st), averaged=True,
+                                        valid={"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf})
+                with self.interrupts.held():
+                    checkpoint.save(ckpt, self.paths.best)
+        self.metrics.write({"kind": "valid_ema", "update": st["updates"], "loss": result.loss, "nll": result.nll,
+                            "ppl": result.ppl, "bleu": result.bleu, "chrf": result.chrf, "best_before": stopping.best,
+                            "kept": better, "ema_decay": self.ema.decay, "seconds": st["train_seconds"]})
+        value = result.value(stopping.metric)
+        if better:
+            stopping.update(result)
+            self._save()  # last.pt records the new best, so a resumed run compares against it
+        log.info(f"weight average (EMA {self.ema.decay:g}) | {stopping.metric} {value:.3f} | "
+                 + (f"better: saved as {self.paths.best.name}" if better else f"not better than {stopping.best:.3f}: best.pt unchanged"))
 
     def _limit_reached(self, epoch_done: bool) -> str:
         cfg, st = self.train_config, self.state

@@ -31,7 +31,7 @@ from .config import ConfigError, DecodeConfig
 from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
-from .device import pick_device, resolve_precision
+from .device import announce, auto_precision, pick_device, resolve_precision
 
 IDLE_FLUSH_SECONDS = 0.05
 BLOCK_BYTES = 1 << 16  # the reader's largest read
@@ -79,9 +79,11 @@ class Translator:
         if config.threads:
             torch.set_num_threads(config.threads)
         device = pick_device(config.device)
+        chose = ""
         if config.precision == "auto":  # resolved once here: workers and ensembles get the choice
-            chosen = "fp32" if config.quantize != "none" else resolve_precision("auto", device, "translate")
-            config = config.replace(precision=chosen)
+            chosen, why = ("fp32", "int8 computes in int8 and float32") if config.quantize != "none" else \
+                auto_precision(device, "translate")
+            config, chose = config.replace(precision=chosen), announce(chosen, why)
         else:
             resolve_precision(config.precision, device, "translate")  # refuses or warns where it cannot run well
         precision.check(device, config.precision, config.quantize)
@@ -90,6 +92,8 @@ class Translator:
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
         model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
+        if chose:
+            log.info(chose)  # once the model has loaded: an error stays the only line
         pool = None
         if config.workers > 1 and not config.score_reference:  # reference scoring runs here, not in workers
             if device.type != "cpu":

@@ -139,6 +139,11 @@ class EarlyStopping:
     def best(self) -> float:
         return self.state["best_metric_value"]
 
+    def beats_best(self, result: ValidResult) -> bool:
+        """Whether `result` is better than the best so far (nothing recorded)."""
+        value = result.value(self.metric)
+        return value > self.best if self.higher_is_better else value < self.best
+
     def update(self, result: ValidResult) -> bool:
         """Record one validation; True when it improved the best value (a nan never does)."""
         if result.loss < self.state["best_valid_loss"]:

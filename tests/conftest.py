@@ -95,14 +95,16 @@ def binarized_reverse_corpus(directory: Path) -> Path:
     return directory / "bin"
 
 
-def tiny_job(data_dir: Path, save_dir: Path, model: str = "tiny", finetune=None, **train_options):
-    """A TrainJob of the tiny preset on DATA_DIR: 600-token batches, 2 threads, 10 warmup updates."""
+def tiny_job(data_dir: Path, save_dir: Path, model: str = "tiny", finetune=None, lr_schedule: str = "auto", **train_options):
+    """A TrainJob of the tiny preset on DATA_DIR: 600-token batches, 2 threads, 10 warmup updates.
+    (A run whose limit is raised on resume needs lr_schedule="inverse-sqrt" to equal an unbroken
+    one: the default decays to the limit it was started with.)"""
     from seqtool.config import OptimConfig, TrainConfig
     from seqtool.train import TrainJob
 
     train_options.setdefault("max_tokens", 600)
     train_options.setdefault("threads", 2)
-    return TrainJob(save_dir=save_dir, model=model_config_for(model), optim=OptimConfig(warmup=10),
+    return TrainJob(save_dir=save_dir, model=model_config_for(model), optim=OptimConfig(warmup=10, lr_schedule=lr_schedule),
                     train=TrainConfig(**train_options), data_dir=data_dir, finetune=finetune)
 
 

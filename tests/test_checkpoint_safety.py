@@ -84,7 +84,7 @@ KILLED_SAVE = textwrap.dedent("""
     from seqtool.config import OptimConfig, TrainConfig, model_config_for
     from seqtool.train import TrainJob, train
 
-    train(TrainJob(save_dir=Path(sys.argv[2]), model=model_config_for("tiny"), optim=OptimConfig(warmup=10),
+    train(TrainJob(save_dir=Path(sys.argv[2]), model=model_config_for("tiny"), optim=OptimConfig(warmup=10, lr_schedule="inverse-sqrt"),
                    train=TrainConfig(max_tokens=600, threads=1, max_updates=4, save_interval_updates=1),
                    data_dir=Path(sys.argv[1])))
 """)
@@ -92,7 +92,7 @@ KILLED_SAVE = textwrap.dedent("""
 
 def test_kill_just_before_the_rename_leaves_the_previous_last_pt(small_corpus, tmp_path):
     save = tmp_path / "run"
-    train(_job(small_corpus, save, max_updates=2))
+    train(_job(small_corpus, save, max_updates=2, lr_schedule="inverse-sqrt"))
     before = (save / "last.pt").read_bytes()
     killed = subprocess.run([sys.executable, "-c", KILLED_SAVE, str(small_corpus / "bin"), str(save)],
                             capture_output=True, text=True, timeout=300)
@@ -103,9 +103,9 @@ def test_kill_just_before_the_rename_leaves_the_previous_last_pt(small_corpus, t
     leftovers = [p for p in save.iterdir() if p.name.startswith(".last.pt.tmp")]
     assert len(leftovers) == 1 and not checkpoint.numbered_checkpoints(save)
     # resuming works, removes the dead save's temp file, and ends where an unbroken run ends
-    result = train(_job(small_corpus, save, max_updates=4))
+    result = train(_job(small_corpus, save, max_updates=4, lr_schedule="inverse-sqrt"))
     assert result.updates == 4 and not leftovers[0].exists()
-    train(_job(small_corpus, tmp_path / "unbroken", max_updates=4))
+    train(_job(small_corpus, tmp_path / "unbroken", max_updates=4, lr_schedule="inverse-sqrt"))
     a = checkpoint.load(save / "last.pt")["weights"]
     b = checkpoint.load(tmp_path / "unbroken" / "last.pt")["weights"]
     for name in a:

@@ -48,11 +48,12 @@ def test_eval_bleu_hypotheses_are_what_translate_gives(small_corpus, tmp_path, m
     seen = []
     monkeypatch.setattr(seqtool.validate, "evaluate", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     save = tmp_path / "run"
-    train(_job(small_corpus, save, max_updates=30, eval_bleu=True, eval_bleu_beam=3))
+    train(_job(small_corpus, save, max_updates=30, eval_bleu=True, eval_bleu_beam=3, ema_decay=0.0, precision="fp32"))
     hyps = seen[-1].hypotheses  # the final validation: the weights in last.pt
     assert len(hyps) == 20 and any(hyps)
     out = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(save / "last.pt"), "-i", str(small_corpus / "valid.src"),
-                          "--beam", "3", "--max-len-a", "1.2", "--max-len-b", "10", "--threads", "2", "--device", "cpu"],
+                          "--beam", "3", "--max-len-a", "1.2", "--max-len-b", "10", "--threads", "2", "--device", "cpu",
+                          "--precision", "fp32"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == hyps
