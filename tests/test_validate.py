@@ -23,6 +23,7 @@ from conftest import tiny_job
 
 
 def _job(corpus, save_dir, **train_options):
+    train_options.setdefault("ema_decay", 0.0)  # validations scripted one per call: no end-of-run average (test_ema.py)
     return tiny_job(corpus / "bin", save_dir, **train_options)
 
 
