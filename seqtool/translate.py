@@ -92,8 +92,6 @@ class Translator:
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
         model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
-        if chose:
-            log.info(chose)  # once the model has loaded: an error stays the only line
         pool = None
         if config.workers > 1 and not config.score_reference:  # reference scoring runs here, not in workers
             if device.type != "cpu":
@@ -102,7 +100,10 @@ class Translator:
 
             each = max(1, (config.threads or torch.get_num_threads()) // config.workers)
             pool = WorkerPool(paths, config, config.workers, each)
-        return cls(model, tokenizer, config, device, pool)
+        translator = cls(model, tokenizer, config, device, pool)
+        if chose:
+            log.info(chose)  # once all is loaded and checked: an error stays the only line
+        return translator
 
     def close(self) -> None:
         """Stop the worker processes (with workers > 1); the Translator is not used after this."""

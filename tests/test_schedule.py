@@ -121,7 +121,7 @@ def test_a_time_budget_decays_with_the_clock_counted_across_resumes(tmp_path, mo
     monkeypatch.setattr(train_module.Trainer, "_step", real_step)
     clock[0] += 5000.0  # the time between the two runs does not count
     result = train_module.train(job)
-    assert result.stopped_by == "max-time" and result.train_seconds < 45
+    assert result.stopped_by == "max-time" and result.train_seconds < 100
     records = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["kind"] == "train"]
     assert len(train_records) >= 5
