@@ -5,8 +5,8 @@ minutes with one setting per variant, translate the test set as scripts/demo.sh 
     python bench/demo.py --variant small-v8k-t4096-lr1e-3 --variant small-v8k-t2048-lr2e-3 ...
     python bench/demo.py --minutes 20 --variant defaults      # seqtool's own defaults, 20 minutes
 
-A variant's name says its settings: ARCH-vSIZE-tTOKENS-lrLR[-SCHEDULE][-fp32][-avx2] (vocabulary
-in thousands, "defaults" = nothing but --arch small). -avx2 runs with torch, oneDNN and MKL held
+A variant's name says its settings: ARCH-vSIZE-tTOKENS-lrLR[-wWARMUP][-dDROPOUT][-pre][-emaDECAY]
+[-SCHEDULE][-fp32][-avx2] (vocabulary in thousands; "defaults" = nothing but --arch small). -avx2 runs with torch, oneDNN and MKL held
 to AVX2 (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS): the closest this
 machine gets to an AVX2-only CPU. Each variant runs the demo's commands (train on raw files,
 translate test.es.gz with beam 5 and --max-len-a 1.5 --max-len-b 10, sacrebleu) in processes of
@@ -61,6 +61,11 @@ def parse_variant(name: str) -> tuple[list[str], dict]:
     m = re.search(r"(?:^|-)ema(0\.\d+|0)(?=-|$)", rest)
     if m:
         args += ["--ema-decay", m.group(1)]
+    m = re.search(r"(?:^|-)d(0(?:\.\d+)?)(?=-|$)", rest)
+    if m:
+        args += ["--dropout", m.group(1)]
+    if re.search(r"(?:^|-)pre(?=-|$)", rest):
+        args += ["--pre-norm"]
     for schedule in ("inverse-sqrt", "linear", "cosine", "wsd"):
         if re.search(rf"(?:^|-){schedule}(?=-|$)", rest):
             args += ["--lr-schedule", schedule]
@@ -71,7 +76,7 @@ def parse_variant(name: str) -> tuple[list[str], dict]:
     return args, env
 
 
-def run_variant(name: str, minutes: float, work: Path) -> dict:
+def run_variant(name: str, minutes: float, work: Path, caps: list[str]) -> dict:
     extra, extra_env = parse_variant(name)
     env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1"}
     save = work / name
@@ -86,7 +91,7 @@ def run_variant(name: str, minutes: float, work: Path) -> dict:
     trained = time.monotonic()
     hyp = save / "test.hyp"
     translate = subprocess.run([*seqtool, "translate", "-c", str(save / "best.pt"), "-i", str(DATA / "test.es.gz"),
-                                "-o", str(hyp), "--beam", "5", "--max-len-a", "1.5", "--max-len-b", "10", "--threads", "2"],
+                                "-o", str(hyp), "--beam", "5", *caps, "--threads", "2"],
                                capture_output=True, text=True, env=env, cwd=REPO)
     if translate.returncode:
         raise SystemExit(f"{name}: translate failed:\n{translate.stderr[-3000:]}")
@@ -118,6 +123,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=4.0)
     parser.add_argument("--work", type=Path)
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/results.md")
+    parser.add_argument("--translate-caps", default="--max-len-a 1.5 --max-len-b 10",
+                        help="translate's length caps (the demo's); '' for translate's defaults")
     a = parser.parse_args()
     work = a.work or REPO / "bench" / "out" / f"demo-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     work.mkdir(parents=True, exist_ok=True)
@@ -126,13 +133,13 @@ def main() -> int:
     for name in a.variant:
         cpu = cpu_line({**os.environ, **parse_variant(name)[1]})
         print(f"[{datetime.datetime.now():%H:%M:%S}] {name} ({cpu})", file=sys.stderr, flush=True)
-        r = run_variant(name, a.minutes, work)
+        r = run_variant(name, a.minutes, work, a.translate_caps.split())
         r["cpu"] = cpu
         rows.append(r)
         print(json.dumps(r), flush=True)
         (work / "rows.jsonl").open("a").write(json.dumps(r) + "\n")
     header = (f"\n## demo recipe, {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, {a.minutes:g} min training, "
-              f"2 threads, test set beam 5 (--max-len-a 1.5 --max-len-b 10)\n\n"
+              f"2 threads, test set beam 5 ({a.translate_caps or 'no length caps'})\n\n"
               "| variant | settings | CPU (torch capability, bf16 instructions) | precision | updates (epochs) | tok/s | "
               "validations (s) | best valid loss | EMA valid loss (kept) | test BLEU | chrF | train + translate (s) |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|\n")

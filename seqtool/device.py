@@ -57,6 +57,18 @@ def cpu_bf16_instructions() -> str:
     return ""
 
 
+def decode_without_cudnn_attention() -> None:
+    """Decoding on CUDA: scaled_dot_product_attention without its cuDNN backend. SDPA picks cuDNN's
+    attention for bf16/fp16 on recent GPUs, and cuDNN builds an execution plan for every new
+    shape; decoding makes a new shape at every step (the cache grows) and every batch (source
+    lengths), so bf16/fp16 beam search spent its time building plans: 12x slower than fp32 on an
+    H200 (bench/gpu.py), 3.4x on random weights (bench/gpu_decode_profile.py), with the GPU idle.
+    Flash and memory-efficient attention need no plan. Process-wide, like the thread count."""
+    enable = getattr(torch.backends.cuda, "enable_cudnn_sdp", None)
+    if enable is not None:
+        enable(False)
+
+
 def cuda_has_bf16(device: torch.device) -> bool:
     """bfloat16 arithmetic in hardware (Ampere and later, and ROCm), not emulated. (torch's
     is_bf16_supported() also counts emulation, which is how a T4 would pass it.)"""

@@ -359,6 +359,8 @@ class Trainer:
                     window_loss, window_nll = window_loss + loss, window_nll + nll
                     now = time.monotonic()
                     st["train_seconds"] = now - start
+                    if cfg.max_time and self.dist.world_size > 1:  # clocks differ: rank 0's decides the lr and the stop
+                        st["train_seconds"] = self.dist.from_main(st["train_seconds"])
                     if now - window_start >= cfg.log_interval or st["updates"] == 1:
                         # the only host sync of the loop: once per log interval, not per update
                         loss_avg, nll_avg = float(window_loss) / window_tokens, float(window_nll) / window_tokens
@@ -377,8 +379,6 @@ class Trainer:
                         done = {"update": st["updates"], "second": st["train_seconds"], "epoch": st["epoch"] - 1 + (k + 1) / len(batches)}[unit]
                         progress.update(done, stats)
                     stopped_by = self._limit_reached(epoch_done=False)
-                    if cfg.max_time and self.dist.world_size > 1:  # clocks differ: rank 0 decides
-                        stopped_by = self.dist.from_main(stopped_by)
                     validated = False
                     if cfg.validate_interval_updates and st["updates"] % cfg.validate_interval_updates == 0 and not stopped_by:
                         stopped_by, validated = self._validate_and_save(), True
@@ -391,8 +391,6 @@ class Trainer:
                     st["epoch"] += 1
                     st["batch_in_epoch"] = 0
                     stopped_by = self._limit_reached(epoch_done=True)
-                    if cfg.max_time and self.dist.world_size > 1:
-                        stopped_by = self.dist.from_main(stopped_by)
                 if not validated:  # (an interval validation of the epoch's last update counts)
                     stopped_by = self._validate_and_save() or stopped_by
             if self.ema is not None and self.valid_set is not None:

@@ -1,0 +1,95 @@
+#!/usr/bin/env python
+"""A learning curve: validation perplexity against wall-clock minutes, seqtool beside fairseq.
+
+    python bench/curve.py --seqtool bench/out/default-20m/defaults --seqtool-bleu 19.1 \
+        [--fairseq-log RES/train.log] --out bench/learning-curve.png
+
+seqtool's points are the "valid" records of RUN/metrics.jsonl (perplexity of the unsmoothed NLL,
+at the training seconds of each validation, validation time included). fairseq's come from its
+train log (--log-format simple: each epoch's valid ppl at that epoch's wall time) when one is
+given, else from the two runs of the cpu-small protocol recorded in shared/PEERS.md (20 and 60
+minutes of training on this machine kind). Test BLEU (beam 5), when given, labels the last point.
+Needs matplotlib (pip install 'seqtool[plot]').
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+# shared/PEERS.md, "The same protocol with 60 minutes of training (fairseq, measured)"
+PEERS_FAIRSEQ = {"minutes": [20.0, 60.0], "ppl": [75.3, 15.0], "bleu": [5.27, 18.80]}
+
+
+def seqtool_points(run: Path) -> tuple[list[float], list[float]]:
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["kind"] == "valid" and r.get("ppl")]
+    return [r["seconds"] / 60 for r in valid], [r["ppl"] for r in valid]
+
+
+def fairseq_points(log: Path) -> tuple[list[float], list[float]]:
+    minutes, ppl, wall = [], [], None
+    for line in log.read_text(errors="replace").splitlines():
+        if "| train | epoch" in line:
+            m = re.search(r"\| wall (\d+(?:\.\d+)?)", line)
+            wall = float(m.group(1)) if m else wall
+        elif "| valid | epoch" in line:
+            m = re.search(r"\| ppl (\d+(?:\.\d+)?)", line)
+            w = re.search(r"\| wall (\d+(?:\.\d+)?)", line)
+            at = float(w.group(1)) if w else wall
+            if m and at is not None:
+                minutes.append(at / 60)
+                ppl.append(float(m.group(1)))
+    return minutes, ppl
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqtool", type=Path, required=True, help="a seqtool run directory (metrics.jsonl)")
+    parser.add_argument("--seqtool-label", default="seqtool, default recipe (train on raw files, --arch small)")
+    parser.add_argument("--seqtool-bleu", type=float, help="its test BLEU, beam 5")
+    parser.add_argument("--fairseq-log", type=Path, help="fairseq-train log of the cpu-small protocol (default: PEERS.md's runs)")
+    parser.add_argument("--fairseq-bleu", type=float, help="its test BLEU, beam 5 (with --fairseq-log)")
+    parser.add_argument("--title", default="bible-es-en, 2 CPU threads: validation perplexity against training time")
+    parser.add_argument("--out", type=Path, default=Path("bench/learning-curve.png"))
+    a = parser.parse_args()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
+    x, y = seqtool_points(a.seqtool)
+    ax.plot(x, y, "o-", color="#1f6feb", label=a.seqtool_label)
+    if a.seqtool_bleu is not None and x:
+        ax.annotate(f"test BLEU {a.seqtool_bleu:.1f}", (x[-1], y[-1]), textcoords="offset points", xytext=(-10, 12),
+                    ha="right", color="#1f6feb")
+    if a.fairseq_log:
+        fx, fy = fairseq_points(a.fairseq_log)
+        ax.plot(fx, fy, "s-", color="#cf222e", label="fairseq 0.12.3, cpu-small protocol (this run)")
+        if a.fairseq_bleu is not None and fx:
+            ax.annotate(f"test BLEU {a.fairseq_bleu:.1f}", (fx[-1], fy[-1]), textcoords="offset points", xytext=(-10, 12),
+                        ha="right", color="#cf222e")
+    else:
+        p = PEERS_FAIRSEQ
+        ax.plot(p["minutes"], p["ppl"], "s--", color="#cf222e",
+                label="fairseq 0.12.3, cpu-small protocol (20- and 60-minute runs, shared/PEERS.md)")
+        for m, v, b in zip(p["minutes"], p["ppl"], p["bleu"]):
+            ax.annotate(f"test BLEU {b:.1f}", (m, v), textcoords="offset points", xytext=(0, 10), ha="center", color="#cf222e")
+    ax.set_yscale("log")
+    ax.set_xlabel("wall-clock minutes of training (validation included)")
+    ax.set_ylabel("validation perplexity (log scale)")
+    ax.set_title(a.title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(a.out)
+    print(a.out)
+
+
+if __name__ == "__main__":
+    main()
