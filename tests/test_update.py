@@ -155,8 +155,9 @@ def test_precision_auto_resolves_per_device(monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(device_module, "cuda_has_bf16", lambda device: True)
     assert device_module.resolve_precision("auto", cuda, "train") == "bf16"
-    assert device_module.resolve_precision("auto", cuda, "translate") == "fp32"
+    assert device_module.resolve_precision("auto", cuda, "translate") == "bf16"
     monkeypatch.setattr(device_module, "cuda_has_bf16", lambda device: False)
+    assert device_module.resolve_precision("auto", cuda, "translate") == "fp32"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))
     assert device_module.resolve_precision("auto", cuda, "train") == "fp16"
     assert device_module.resolve_precision("fp32", cuda, "train") == "fp32"
