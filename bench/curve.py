@@ -65,8 +65,8 @@ def main() -> None:
     x, y = seqtool_points(a.seqtool)
     ax.plot(x, y, "o-", color="#1f6feb", label=a.seqtool_label)
     if a.seqtool_bleu is not None and x:
-        ax.annotate(f"test BLEU {a.seqtool_bleu:.1f}", (x[-1], y[-1]), textcoords="offset points", xytext=(-10, 12),
-                    ha="right", color="#1f6feb")
+        ax.annotate(f"test BLEU {a.seqtool_bleu:.1f}", (x[-1], y[-1]), textcoords="offset points", xytext=(10, -4),
+                    ha="left", color="#1f6feb")
     if a.fairseq_log:
         fx, fy = fairseq_points(a.fairseq_log)
         ax.plot(fx, fy, "s-", color="#cf222e", label="fairseq 0.12.3, cpu-small protocol (this run)")
@@ -75,7 +75,7 @@ def main() -> None:
                         ha="right", color="#cf222e")
     else:
         p = PEERS_FAIRSEQ
-        ax.plot(p["minutes"], p["ppl"], "s--", color="#cf222e",
+        ax.plot(p["minutes"], p["ppl"], "s", color="#cf222e",  # two separate runs: no line between them
                 label="fairseq 0.12.3, cpu-small protocol (20- and 60-minute runs, shared/PEERS.md)")
         for m, v, b in zip(p["minutes"], p["ppl"], p["bleu"]):
             ax.annotate(f"test BLEU {b:.1f}", (m, v), textcoords="offset points", xytext=(0, 10), ha="center", color="#cf222e")
