@@ -108,6 +108,25 @@ def tiny_job(data_dir: Path, save_dir: Path, model: str = "tiny", finetune=None,
                     train=TrainConfig(**train_options), data_dir=data_dir, finetune=finetune)
 
 
+def interrupted_then_resumed(job, at_update: int, monkeypatch):
+    """Run `job` until a Ctrl-C arrives before update `at_update` + 1 (last.pt saved), then run the
+    same job again, which resumes it; returns the second run's TrainResult."""
+    from seqtool.train import Trainer, train
+
+    real_step = Trainer._step
+
+    def interrupt(self, *args):
+        if self.state["updates"] == at_update:
+            raise KeyboardInterrupt
+        return real_step(self, *args)
+
+    monkeypatch.setattr(Trainer, "_step", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        train(job)
+    monkeypatch.setattr(Trainer, "_step", real_step)
+    return train(job)
+
+
 @pytest.fixture(autouse=True)
 def keep_torch_threads():
     """train(--threads N) sets torch's global thread count: give later tests theirs back."""

@@ -7,9 +7,9 @@ import torch
 
 from seqtool import checkpoint
 from seqtool.ema import EMA
-from seqtool.train import Trainer, train
+from seqtool.train import train
 
-from conftest import binarized_reverse_corpus, tiny_job
+from conftest import binarized_reverse_corpus, interrupted_then_resumed, tiny_job
 
 
 def test_the_average_follows_its_formula():
@@ -98,18 +98,7 @@ def test_ema_off_leaves_no_average(data_dir, tmp_path):
 
 def test_resume_continues_the_average_bitwise(data_dir, tmp_path, monkeypatch):
     train(tiny_job(data_dir, tmp_path / "once", max_updates=8, ema_decay=0.9))
-    real_step = Trainer._step
-
-    def interrupt_at_5(self, *args):
-        if self.state["updates"] == 5:
-            raise KeyboardInterrupt
-        return real_step(self, *args)
-
-    monkeypatch.setattr(Trainer, "_step", interrupt_at_5)
-    with pytest.raises(KeyboardInterrupt):
-        train(tiny_job(data_dir, tmp_path / "twice", max_updates=8, ema_decay=0.9))
-    monkeypatch.setattr(Trainer, "_step", real_step)
-    train(tiny_job(data_dir, tmp_path / "twice", max_updates=8, ema_decay=0.9))
+    interrupted_then_resumed(tiny_job(data_dir, tmp_path / "twice", max_updates=8, ema_decay=0.9), 5, monkeypatch)
     a = checkpoint.load(tmp_path / "once" / "last.pt")["train_state"]["ema"]
     b = checkpoint.load(tmp_path / "twice" / "last.pt")["train_state"]["ema"]
     assert a["updates"] == b["updates"] == 8

@@ -9,7 +9,7 @@ from seqtool import schedule
 from seqtool.config import ConfigError, OptimConfig, TrainConfig
 from seqtool.schedule import Schedule, resolve
 
-from conftest import tiny_job
+from conftest import interrupted_then_resumed, tiny_job
 
 PEAK = 1e-3
 
@@ -108,19 +108,15 @@ def test_a_time_budget_decays_with_the_clock_counted_across_resumes(tmp_path, mo
     save = tmp_path / "run"
     job = tiny_job(data, save, max_time=40.0, log_interval=0.0)
     job = job.__class__(**{**job.__dict__, "optim": OptimConfig(lr=PEAK, warmup=0, lr_schedule="linear")})
-    real_step = train_module.Trainer._step
+    real_train = train_module.train
 
-    def interrupt_at_4(self, *args):
-        if self.state["updates"] == 4:
-            raise KeyboardInterrupt
-        return real_step(self, *args)
-
-    monkeypatch.setattr(train_module.Trainer, "_step", interrupt_at_4)
-    with pytest.raises(KeyboardInterrupt):
-        train_module.train(job)
-    monkeypatch.setattr(train_module.Trainer, "_step", real_step)
-    clock[0] += 5000.0  # the time between the two runs does not count
-    result = train_module.train(job)
+    def later(job):  # the time between the interrupted run and the resumed one does not count
+        clock[0] += 5000.0 if later.calls else 0.0
+        later.calls += 1
+        return real_train(job)
+    later.calls = 0
+    monkeypatch.setattr(train_module, "train", later)
+    result = interrupted_then_resumed(job, 4, monkeypatch)
     assert result.stopped_by == "max-time" and result.train_seconds < 100
     records = [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["kind"] == "train"]

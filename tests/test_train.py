@@ -8,9 +8,9 @@ import torch
 from seqtool import checkpoint
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.textio import InputError
-from seqtool.train import Trainer, TrainJob, train
+from seqtool.train import TrainJob, train
 
-from conftest import binarized_reverse_corpus, tiny_job
+from conftest import binarized_reverse_corpus, interrupted_then_resumed, tiny_job
 
 
 @pytest.fixture(scope="module")
@@ -70,18 +70,7 @@ def test_resumed_run_equals_an_uninterrupted_one(data_dir, tmp_path, monkeypatch
                         train=TrainConfig(max_tokens=600, threads=2, max_updates=8, log_interval=0.0), data_dir=data_dir)
 
     train(job(tmp_path / "once"))
-    real_step = Trainer._step
-
-    def interrupt_at_5(self, *args):
-        if self.state["updates"] == 5:
-            raise KeyboardInterrupt
-        return real_step(self, *args)
-
-    monkeypatch.setattr(Trainer, "_step", interrupt_at_5)
-    with pytest.raises(KeyboardInterrupt):
-        train(job(tmp_path / "twice"))
-    monkeypatch.setattr(Trainer, "_step", real_step)
-    train(job(tmp_path / "twice"))
+    interrupted_then_resumed(job(tmp_path / "twice"), 5, monkeypatch)
     a = checkpoint.load(tmp_path / "once" / "last.pt")["weights"]
     b = checkpoint.load(tmp_path / "twice" / "last.pt")["weights"]
     for name in a:
