@@ -16,6 +16,7 @@ few thousand queue operations rather than a million.
 
 from __future__ import annotations
 
+import functools
 import queue
 import sys
 import threading
@@ -101,7 +102,10 @@ class Translator:
             from .workers import WorkerPool
 
             each = max(1, (config.threads or torch.get_num_threads()) // config.workers)
-            pool = WorkerPool(paths, config, config.workers, each)
+            # each worker loads its own Translator of one process and `each` threads (load sets them)
+            load = functools.partial(cls.load, paths if len(paths) > 1 else paths[0],
+                                     config.replace(workers=1, threads=each))
+            pool = WorkerPool(load, config.workers)
         translator = cls(model, tokenizer, config, device, pool)
         if chose:
             log.info(chose)  # once all is loaded and checked: an error stays the only line

@@ -28,23 +28,17 @@ import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional
 
 from .config import ConfigError
 
 _translator = None  # the worker process's own Translator
 
 
-def _start(paths: Sequence[str], config: dict, threads: int) -> None:
+def _start(load: Callable[[], object]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
     global _translator
-    from .config import DecodeConfig
-    from .translate import Translator
-
-    # (Translator.load sets torch's threads from the config)
-    _translator = Translator.load([Path(p) for p in paths] if len(paths) > 1 else Path(paths[0]),
-                                  DecodeConfig.from_dict({**config, "workers": 1, "threads": threads}))
+    _translator = load()
 
 
 def _search(job):
@@ -57,12 +51,14 @@ def _pid(_) -> int:
 
 
 class WorkerPool:
-    """`n` decoding processes of `threads` threads each, loaded from `paths` with `config`."""
+    """`n` decoding processes, each holding what `load` returns: a picklable callable (e.g. a
+    functools.partial of Translator.load with one worker's settings), so this module needs no
+    import of the translator that uses it."""
 
-    def __init__(self, paths: Sequence[Path], config, n: int, threads: int):
+    def __init__(self, load: Callable[[], object], n: int):
         self.n = n
         self.executor = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-                                            initargs=([str(p) for p in paths], config.to_dict(), threads))
+                                            initargs=(load,))
         # Start (and load) every worker now, not inside the first translation: n jobs submitted
         # at once start n processes.
         try:
