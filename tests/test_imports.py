@@ -1,0 +1,67 @@
+"""The import contract: no import circle among seqtool's modules, and the translation path loads no
+training module (so a server or a decoding worker never pays for, or depends on, training code)."""
+
+import ast
+import json
+import pathlib
+import subprocess
+import sys
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seqtool"
+TRAINING = {"train", "update", "distributed", "validate", "finetune", "metrics", "binarize", "data", "schedule", "ema"}
+
+
+def imports_of(path: pathlib.Path) -> set[str]:
+    """seqtool modules that `path` imports, lazily (inside functions) or not."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            names = [node.module] if node.module else [a.name for a in node.names]
+            out |= {n.split(".")[0] for n in names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("seqtool."):
+            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("seqtool.")}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    modules = {p.stem: p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    return {name: imports_of(path) & set(modules) - {name} for name, path in modules.items()}
+
+
+def circles(g: dict[str, set[str]]) -> list[str]:
+    found = []
+
+    def visit(node, path):
+        for nxt in sorted(g[node]):
+            if nxt == path[0]:
+                found.append(" -> ".join(path + [nxt]))
+            elif nxt not in path:
+                visit(nxt, path + [nxt])
+
+    for start in sorted(g):
+        visit(start, [start])
+    return found
+
+
+def test_no_import_circle():
+    found = circles(graph())
+    assert not found, "import circles: " + "; ".join(found[:5])
+
+
+def test_the_translation_path_loads_no_training_module():
+    code = "import sys, json, seqtool.translate, seqtool.search, seqtool.ensemble; " \
+           "print(json.dumps(sorted(m.split('.')[1] for m in sys.modules if m.startswith('seqtool.'))))"
+    loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout))
+    assert "translate" in loaded
+    assert not loaded & TRAINING, f"the translation path imports training modules: {sorted(loaded & TRAINING)}"
+
+
+def test_the_contract_catches_a_circle(tmp_path, monkeypatch):
+    """The checker itself: a planted a -> b -> a is found."""
+    (tmp_path / "a.py").write_text("from . import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import x\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    assert graph() == {"a": {"b"}, "b": {"a"}}
+    assert circles(graph()) == ["a -> b -> a", "b -> a -> b"]
