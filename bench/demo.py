@@ -28,6 +28,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "bible-es-en"
+VALUED = ((r"lr(\d+(?:\.\d+)?e-\d+)", "--lr"), (r"w(0\.\d+|\d+)", "--warmup"), (r"ema(0\.\d+|0)", "--ema-decay"),
+          (r"d(0(?:\.\d+)?)", "--dropout"))
+SWITCHES = (("pre", ("--pre-norm",)), ("fp32", ("--precision", "fp32")),
+            *((name, ("--lr-schedule", name)) for name in ("inverse-sqrt", "linear", "cosine", "wsd")))
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
@@ -52,25 +56,13 @@ def parse_variant(name: str) -> tuple[list[str], dict]:
         m = re.search(rf"(?:^|-){key}(\d+)(k?)(?=-|$)", rest)
         if m:
             args += [flag, str(int(m.group(1)) * (scale if m.group(2) else 1))]
-    m = re.search(r"(?:^|-)lr(\d+(?:\.\d+)?e-\d+)", rest)
-    if m:
-        args += ["--lr", m.group(1)]
-    m = re.search(r"(?:^|-)w(0\.\d+|\d+)(?=-|$)", rest)
-    if m:
-        args += ["--warmup", m.group(1)]
-    m = re.search(r"(?:^|-)ema(0\.\d+|0)(?=-|$)", rest)
-    if m:
-        args += ["--ema-decay", m.group(1)]
-    m = re.search(r"(?:^|-)d(0(?:\.\d+)?)(?=-|$)", rest)
-    if m:
-        args += ["--dropout", m.group(1)]
-    if re.search(r"(?:^|-)pre(?=-|$)", rest):
-        args += ["--pre-norm"]
-    for schedule in ("inverse-sqrt", "linear", "cosine", "wsd"):
-        if re.search(rf"(?:^|-){schedule}(?=-|$)", rest):
-            args += ["--lr-schedule", schedule]
-    if re.search(r"(?:^|-)fp32(?=-|$)", rest):
-        args += ["--precision", "fp32"]
+    for pattern, flag in VALUED:  # name fragment -> option with the fragment's value
+        m = re.search(rf"(?:^|-){pattern}(?=-|$)", rest)
+        if m:
+            args += [flag, m.group(1)]
+    for word, options in SWITCHES:  # name fragment -> fixed options
+        if re.search(rf"(?:^|-){word}(?=-|$)", rest):
+            args += list(options)
     if re.search(r"(?:^|-)avx2(?=-|$)", rest):
         env.update(AVX2_ENV)
     return args, env

@@ -21,6 +21,7 @@ from torch import Tensor
 class EMA:
     def __init__(self, params: Sequence[Tensor], decay: float):
         self.params = list(params)
+        self._values = [p.detach() for p in self.params]  # views of the live weights, made once
         self.decay = decay
         self.updates = 0
         self.shadow = [p.detach().float().clone() for p in self.params]
@@ -29,7 +30,7 @@ class EMA:
     def update(self) -> None:
         self.updates += 1
         d = min(self.decay, (1 + self.updates) / (10 + self.updates))
-        torch._foreach_lerp_(self.shadow, [p.detach() for p in self.params], 1.0 - d)
+        torch._foreach_lerp_(self.shadow, self._values, 1.0 - d)
 
     @contextlib.contextmanager
     def applied(self) -> Iterator[None]:

@@ -1,13 +1,14 @@
 """The training loop.
 
-Owns one training run: model and optimizer set-up, validation, early stopping limits (updates, epochs, wall clock), checkpoints (last.pt with
-training state, best.pt without, update-numbered copies), and resuming a run from last.pt when
-the configuration matches. One update (precision, loss scaling, accumulation, clipping,
---compile) is update.py's; several processes (torchrun, DDP, which rank gets which batch)
-distributed.py's; what a validation measures and when it stops a run, validate.py's; where the
-numbers go, metrics.py's; the learning rate of each update, schedule.py's; what --finetune takes from its checkpoint, finetune.py's. Training on
-raw parallel files first trains a tokenizer (or takes the --finetune checkpoint's) and binarizes
-into SAVE_DIR/data through the same code.
+Owns one training run: model and optimizer set-up, validation, early stopping limits (updates,
+epochs, wall clock), checkpoints (last.pt with training state, best.pt without, update-numbered
+copies), and resuming a run from last.pt when the configuration matches. One update (precision,
+loss scaling, accumulation, clipping, --compile) is update.py's; several processes (torchrun,
+DDP, which rank gets which batch) distributed.py's; what a validation measures and when it stops
+a run, validate.py's; where the numbers go, metrics.py's; the learning rate of each update,
+schedule.py's; the weights' moving average, ema.py's; what --finetune takes from its checkpoint,
+finetune.py's. Training on raw parallel files first trains a tokenizer (or takes the --finetune
+checkpoint's) and binarizes into SAVE_DIR/data through the same code.
 """
 
 from __future__ import annotations
