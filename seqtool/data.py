@@ -80,17 +80,33 @@ class Batch:
     ntokens: int  # non-pad target tokens (incl. EOS)
 
 
+LENGTH_MULTIPLE = 8
+"""Batches are padded to a multiple of 8 positions (source and target alike). Training then sees a
+few dozen tensor shapes an epoch instead of a few hundred, so oneDNN finds its matmul primitives in
+its cache instead of creating them again, and the C allocator gets back blocks of the sizes it
+just freed instead of carving new ones. Measured on the cpu-small protocol settings (bf16, 70 s,
+2 threads, bench/results.md): target tokens/s +8% despite ~10% more padded positions, peak RSS -13%."""
+
+
+def padded_length(length, multiple: int = LENGTH_MULTIPLE, limit: int = 0):
+    """length rounded up to a multiple, but never past limit (the model's positions) unless length
+    itself is; for ints and integer arrays alike."""
+    rounded = -(-length // multiple) * multiple
+    return np.minimum(rounded, np.maximum(limit, length)) if limit else rounded
+
+
 def make_batches(src_len: np.ndarray, tgt_len: np.ndarray, max_tokens: int, seed: Optional[int],
-                 max_sentences: int = 0) -> list[np.ndarray]:
+                 max_sentences: int = 0, multiple: int = 1, limit: int = 0) -> list[np.ndarray]:
     """Length-bucketed batches whose cost sentences x max(padded source, padded target length)
-    stays within max_tokens (padding counted, fairseq's rule).
+    stays within max_tokens (padding counted, fairseq's rule); lengths padded as
+    padded_length(length, multiple, limit) (collate pads to the same).
 
     Lengths include the EOS/BOS the collater adds. Pairs are sorted by length (random tie-break
     when seed is given, so batches differ between epochs); batch order is shuffled with the seed.
     A pair longer than max_tokens on its own cannot fit: the caller filters those first.
     """
     n = len(src_len)
-    cost = np.maximum(src_len, tgt_len)
+    cost = padded_length(np.maximum(src_len, tgt_len), multiple, limit)
     if seed is None:
         order = np.lexsort((src_len, tgt_len))
     else:
@@ -123,15 +139,17 @@ def shard_batches(batches: list[np.ndarray], rank: int, world: int) -> list[np.n
     return batches[rank:usable:world]
 
 
-def collate(dataset: ParallelDataset, ids: np.ndarray, pad: int, bos: int, eos: int, max_positions: int = 0):
-    """Padded tensors for one batch: src + EOS, BOS + tgt, tgt + EOS (right padding)."""
+def collate(dataset: ParallelDataset, ids: np.ndarray, pad: int, bos: int, eos: int, max_positions: int = 0,
+            multiple: int = LENGTH_MULTIPLE):
+    """Padded tensors for one batch: src + EOS, BOS + tgt, tgt + EOS (right padding), each padded to
+    a multiple of `multiple` positions (not past max_positions, where given)."""
     import torch
 
     srcs = [dataset.src[i] for i in ids]
     tgts = [dataset.tgt[i] for i in ids]
     B = len(ids)
-    S = max(len(s) for s in srcs) + 1
-    T = max(len(t) for t in tgts) + 1
+    S = int(padded_length(max(len(s) for s in srcs) + 1, multiple, max_positions))
+    T = int(padded_length(max(len(t) for t in tgts) + 1, multiple, max_positions))
     src = np.full((B, S), pad, dtype=np.int64)
     tgt_in = np.full((B, T), pad, dtype=np.int64)
     tgt_out = np.full((B, T), pad, dtype=np.int64)
@@ -159,7 +177,8 @@ def epoch_batches(dataset: ParallelDataset, max_tokens: int, max_positions: int,
     fits = (np.maximum(src_len, tgt_len) <= min(max_positions, max_tokens))
     skipped = int((~fits).sum())
     keep = np.nonzero(fits)[0]
-    batches = make_batches(src_len[keep], tgt_len[keep], max_tokens, seed * 100003 + epoch if shuffle else None)
+    batches = make_batches(src_len[keep], tgt_len[keep], max_tokens, seed * 100003 + epoch if shuffle else None,
+                           multiple=LENGTH_MULTIPLE, limit=max_positions)
     batches = [keep[b] for b in batches]
     return shard_batches(batches, rank, world), skipped
 

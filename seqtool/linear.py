@@ -43,6 +43,13 @@ def _mm(a: Tensor, b_t: Tensor) -> Tensor:
     return _pointwise(a, b_t, None, "none", [], "")
 
 
+def matmul_t(a: Tensor, b_t: Tensor) -> Tensor:
+    """a @ b_t.T: through oneDNN for float32 on CPU (as `linear`), else torch's matmul (which autocast sees)."""
+    if ONEDNN and a.device.type == "cpu" and a.dtype == b_t.dtype == torch.float32 and not torch.is_autocast_enabled("cpu"):
+        return _mm(a, b_t)
+    return a @ b_t.t()
+
+
 class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias):  # (..., K), (N, K), (N,)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import signal
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import checkpoint, distributed, finetune, linear, log, schedule, update, validate
+from . import allocator, checkpoint, distributed, finetune, linear, log, schedule, update, validate
 from .ema import EMA
 from .device import pick_device, resolve_precision
 from .binarize import SplitSpec, binarize
@@ -39,6 +40,7 @@ from .textio import InputError
 from .tokenizer import Tokenizer, train_tokenizer
 
 # Settings that may change when a run is resumed: limits and where/how fast it runs.
+HEAP_TRIM_SECONDS = 1.0  # CPU training: at most one heap trim a second (allocator.HeapTrimmer)
 RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",
                      "patience", "save_interval_updates", "keep_last", "tensorboard_dir", "eval_bleu", "eval_bleu_beam",
                      "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b",
@@ -125,6 +127,8 @@ class Trainer:
         cfg = job.train
         env = distributed.environment()
         self.device = distributed.device_for(env, pick_device(cfg.device))
+        # CPU training returns the heap's free pages between updates (allocator.HeapTrimmer)
+        self.trim_heap = allocator.HeapTrimmer(HEAP_TRIM_SECONDS if self.device.type == "cpu" else 0.0)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         source = finetune.load_source(job.finetune) if job.finetune is not None else None
@@ -347,11 +351,12 @@ class Trainer:
                 validated = 0 < st["batch_in_epoch"] == len(batches)
                 for k in range(st["batch_in_epoch"], len(batches)):
                     distributed.fault_point(self.dist, st["updates"])
-                    micro = [collate(self.train_set, ids, mc.pad_id, mc.bos_id, mc.eos_id) for ids in batches[k]]
+                    micro = [collate(self.train_set, ids, mc.pad_id, mc.bos_id, mc.eos_id, mc.max_positions) for ids in batches[k]]
                     n = sum(b.ntokens for b in micro)
                     n_all = self.dist.sum_int(n)  # the loss is normalised by the tokens of all ranks
                     loss, nll = self._step(micro, n_all, len(batches))
                     st["updates"] += 1
+                    self.trim_heap(time.monotonic())
                     st["batch_in_epoch"] = k + 1
                     st["train_tokens"] += n_all
                     st["skipped_updates"] = self.updater.skipped

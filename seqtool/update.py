@@ -33,7 +33,8 @@ from torch import Tensor, nn
 
 from . import log
 from .config import ConfigError, OptimConfig
-from .model import Transformer, label_smoothed_nll
+from .loss import label_smoothed_nll
+from .model import Transformer
 
 # torch.OutOfMemoryError (torch >= 2.5) is this same class; the cuda name exists in every torch.
 OutOfMemoryError = torch.cuda.OutOfMemoryError

@@ -23,7 +23,7 @@ import torch
 
 from .config import DecodeConfig, ModelConfig, TrainConfig
 from .data import ParallelDataset, collate, epoch_batches
-from .model import label_smoothed_nll
+from .loss import label_smoothed_nll
 from .score import score_lines
 from .tokenizer import Tokenizer
 
@@ -59,7 +59,7 @@ def valid_loss(model, dataset: ParallelDataset, config: ModelConfig, max_tokens:
     total_n = 0
     try:
         for ids in batches:
-            b = collate(dataset, ids, config.pad_id, config.bos_id, config.eos_id)
+            b = collate(dataset, ids, config.pad_id, config.bos_id, config.eos_id, config.max_positions)
             with autocast():
                 memory, src_pad = model.encode(b.src.to(device))  # (B, S, d), (B, S)
                 feats = model.decode_features(b.tgt_in.to(device), memory, src_pad)  # (B, T, d)

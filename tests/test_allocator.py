@@ -6,6 +6,10 @@ import sys
 
 import pytest
 
+from seqtool import allocator
+
+GLIBC = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+
 # A 20 MiB buffer allocated and freed, with glibc's mallinfo2 read around it: `hblkhd` counts the
 # bytes in blocks mapped with mmap (given back to the kernel on free, faulted in anew on the
 # next allocation), `arena` the heap's bytes (kept, unless a trim gives its free top back).
@@ -47,3 +51,43 @@ def test_keep_freed_memory_is_idempotent():
 
     first = allocator.keep_freed_memory()
     assert allocator.keep_freed_memory() == first
+
+
+@GLIBC
+def test_heap_trimmer_trims_at_most_once_a_period():
+    trimmer = allocator.HeapTrimmer(1.0)
+    assert trimmer.active
+    calls = []
+    trimmer._trim = lambda pad: calls.append(pad)
+    assert [trimmer(t) for t in (10.0, 10.5, 10.99, 11.0, 11.2, 13.0)] == [True, False, False, True, False, True]
+    assert calls == [0, 0, 0]  # malloc_trim(0): the free pages inside the heap too, not only its top
+
+
+def test_heap_trimmer_off_is_a_no_op():
+    trimmer = allocator.HeapTrimmer(0.0)
+    assert not trimmer.active and trimmer(100.0) is False
+
+
+@GLIBC
+def test_malloc_trim_returns_freed_heap_pages():
+    import ctypes
+
+    trimmer = allocator.HeapTrimmer(1.0)
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def rss() -> int:
+        return int(open("/proc/self/statm").read().split()[1]) * 4096
+
+    blocks = [libc.malloc(64 << 10) for _ in range(1600)]  # 100 MiB of heap blocks (under the mmap threshold)
+    for b in blocks:
+        ctypes.memset(b, 1, 64 << 10)
+    keep = blocks[-1]  # a live block at the top: trimming the top alone cannot return the rest
+    for b in blocks[:-1]:
+        libc.free(b)
+    before = rss()
+    assert trimmer(1e9)
+    assert before - rss() > 50 << 20
+    libc.free(keep)

@@ -5,10 +5,11 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from seqtool.binarize import SplitSpec, binarize
 from seqtool.config import TokenizerConfig
-from seqtool.data import ParallelDataset, collate, epoch_batches, make_batches, read_meta, shard_batches
+from seqtool.data import ParallelDataset, collate, epoch_batches, make_batches, padded_length, read_meta, shard_batches
 from seqtool.textio import InputError, read_lines
 from seqtool.tokenizer import Tokenizer, train_tokenizer
 
@@ -128,6 +129,20 @@ def test_batches_respect_the_budget_and_cover_every_pair_once():
     assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, c))  # reshuffled per epoch
 
 
+def test_padded_batches_count_their_padding_and_stay_within_positions():
+    rng = np.random.default_rng(0)
+    src_len = rng.integers(1, 59, 2000)  # none past the limit (epoch_batches skips those)
+    tgt_len = rng.integers(1, 59, 2000)
+    batches = make_batches(src_len, tgt_len, 500, 1, multiple=8, limit=58)
+    for b in batches:
+        width = int(padded_length(max(src_len[b].max(), tgt_len[b].max()), 8, 58))
+        assert width % 8 == 0 or width == 58
+        assert len(b) == 1 or len(b) * width <= 500
+    assert np.sort(np.concatenate(batches)).tolist() == list(range(2000))
+    assert padded_length(57, 8, 58) == 58 and padded_length(59, 8, 58) == 59  # never shorter than the length
+    assert padded_length(np.array([1, 8, 9]), 8).tolist() == [8, 8, 16]
+
+
 def test_too_long_pairs_are_skipped_and_counted(corpus, tmp_path):
     d, _, model = corpus
     binarize("src", "tgt", [SplitSpec("train", str(d / "train"))], model, tmp_path / "bin")
@@ -158,6 +173,13 @@ def test_collate_adds_bos_and_eos_and_pads_right(corpus, tmp_path):
         assert b.tgt_out[row, : len(t) + 1].tolist() == t + [3]
         assert b.src[row, : len(ds.src[i]) + 1].tolist() == ds.src[i].tolist() + [3]
     assert b.ntokens == sum(len(ds.tgt[i]) + 1 for i in (0, 1))
+    assert b.src.shape[1] % 8 == 0 and b.tgt_in.shape[1] % 8 == 0  # shape buckets: LENGTH_MULTIPLE
+    assert int(b.tgt_out.ne(0).sum()) == b.ntokens  # the extra positions are padding
+    exact = collate(ds, np.array([0, 1]), pad=0, bos=2, eos=3, multiple=1)
+    assert exact.tgt_in.shape[1] == max(len(ds.tgt[i]) for i in (0, 1)) + 1
+    assert torch.equal(b.tgt_in[:, : exact.tgt_in.shape[1]], exact.tgt_in)
+    capped = collate(ds, np.array([0, 1]), pad=0, bos=2, eos=3, max_positions=exact.tgt_in.shape[1])
+    assert capped.tgt_in.shape[1] == exact.tgt_in.shape[1]
 
 
 def test_meta_records_what_the_data_is(corpus, tmp_path):
