@@ -106,19 +106,33 @@ def seqtool_prepare(a, W: Path, env: dict) -> dict:
 
 def seqtool_train(a, W: Path, prec: str, env: dict) -> dict:
     ck, logs = W / f"ckpt-{prec}", W / "logs"
-    r: dict = {}
-    if not a.skip_train:
-        if ck.exists():  # seqtool would resume from last.pt: keep the old run aside, inside WORK
-            ck.rename(ck.with_name(f"{ck.name}.old-{datetime.datetime.now():%Y%m%d-%H%M%S}"))
-        r = run(f"train-{prec}", [sys.executable, "-m", "seqtool", "train", W / "bin", "--save-dir", ck, "--arch", "small",
-                                  "--max-tokens", 4096, "--lr", "1e-3", "--warmup", 1000, "--lr-schedule", "inverse-sqrt", "--label-smoothing", 0.1,
-                                  "--dropout", 0.1, "--clip-norm", 1.0, "--max-time", f"{a.minutes:g}m", "--precision", prec,
-                                  "--device", "cpu", "--seed", 1, "--threads", a.threads], logs, env)
-    else:
-        r.update({"step": f"train-{prec}", "reused": True}, **time_report(logs / f"train-{prec}.time"))
+    if a.skip_train:
+        return train_figures({"step": f"train-{prec}", "reused": True, **time_report(logs / f"train-{prec}.time")}, logs / f"train-{prec}.err", ck)
+    if ck.exists():  # seqtool would resume from last.pt: keep the old run aside, inside WORK
+        ck.rename(ck.with_name(f"{ck.name}.old-{datetime.datetime.now():%Y%m%d-%H%M%S}"))
+    r = run(f"train-{prec}", [sys.executable, "-m", "seqtool", "train", W / "bin", "--save-dir", ck, "--arch", "small",
+                              "--max-tokens", 4096, "--lr", "1e-3", "--warmup", 1000, "--lr-schedule", "inverse-sqrt", "--label-smoothing", 0.1,
+                              "--dropout", 0.1, "--clip-norm", 1.0, "--max-time", f"{a.minutes:g}m", "--precision", prec,
+                              "--device", "cpu", "--seed", 1, "--threads", a.threads], logs, env)
+    return train_figures(r, logs / f"train-{prec}.err", ck)
+
+
+def seqtool_train_defaults(a, W: Path, env: dict) -> dict:
+    """seqtool's own recipe: `seqtool train` on the raw files with --arch small and the time budget, nothing else
+    set (its tokenizer, schedule, precision auto, batch size); not like-for-like with fairseq, what a user gets."""
+    ck, logs, D = W / "ckpt-default", W / "logs", a.data
+    if ck.exists():
+        ck.rename(ck.with_name(f"{ck.name}.old-{datetime.datetime.now():%Y%m%d-%H%M%S}"))
+    r = run("train-default", [sys.executable, "-m", "seqtool", "train", "--src", a.src, "--tgt", a.tgt, "--train", D / "train",
+                              "--valid", D / "valid", "--arch", "small", "--max-time", f"{a.minutes:g}m", "--save-dir", ck,
+                              "--threads", a.threads], logs, env)
+    return train_figures(r, logs / "train-default.err", ck)
+
+
+def train_figures(r: dict, err: Path, ck: Path) -> dict:
     # "N updates, E epochs in Ss (T target tokens/s); best valid loss L; stopped by ..." (cli.py `train`)
     try:
-        text = (logs / f"train-{prec}.err").read_text(errors="replace")
+        text = err.read_text(errors="replace")
     except OSError:
         text = ""
     m = re.findall(r"(\d+) updates, ([\d.]+) epochs in ([\d.]+)s \(([\d,.]+) target tokens/s\); best valid loss (\S+?);", text)
@@ -294,8 +308,33 @@ def header(a) -> str:
             return "?"
     commit = sh("git", "rev-parse", "--short", "HEAD") + ("+dirty" if sh("git", "status", "--porcelain", "--untracked-files=no") else "")
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?") if os.path.exists("/proc/cpuinfo") else "?"
+    cap = sh(sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())")
+    cpu += f" (torch capability {cap or '?'})"
     return (f"## cpu-small, {datetime.datetime.now():%Y-%m-%d %H:%M}, commit {commit}, {cpu}, {a.minutes:g} min training, "
             f"{a.threads} threads, decode {a.decode_precision}")
+
+
+def write_curve(a, W: Path, summary: dict, precs: list, res) -> None:
+    """bench/curve.py's picture of this run: every seqtool run beside fairseq's (its train log)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        log("learning curve skipped: no matplotlib (pip install 'seqtool[plot]')")
+        return
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import curve
+
+    runs = []
+    for name, label in [(p, f"seqtool {p}, protocol settings") for p in precs] + [("default", "seqtool defaults (raw files, --arch small)")]:
+        fig = summary["seqtool"].get(name)
+        if fig and (W / f"ckpt-{name}" / "metrics.jsonl").exists():
+            runs.append((W / f"ckpt-{name}", label, (fig.get("b5") or {}).get("bleu")))
+    fs = summary.get("fairseq") or {}
+    flog = Path(res) / "train.log" if res is not None and (Path(res) / "train.log").exists() else None
+    out = a.curve or W / "learning-curve.png"
+    curve.plot(runs, flog, (fs.get("b5") or {}).get("bleu"), out,
+               f"bible-es-en, {a.threads} CPU threads, {a.minutes:g} min each: validation perplexity against training time")
+    log(f"learning curve: {out}")
 
 
 def main() -> int:
@@ -318,6 +357,9 @@ def main() -> int:
     p.add_argument("--fairseq-stages", default="spm,bin,train,gen",
                    help="run_fairseq.sh stages for --with-fairseq (default spm,bin,train,gen; with --skip-train, 'gen' "
                         "decodes again with the fairseq model already in --work, so both decoders are timed in one run)")
+    p.add_argument("--default-recipe", action="store_true",
+                   help="also train seqtool with its own defaults on the raw files (--arch small, same minutes) and decode it, beam 5")
+    p.add_argument("--curve", type=Path, help="learning-curve PNG (validation ppl against minutes) of the runs (default WORK/learning-curve.png)")
     p.add_argument("--fairseq-venv", default="/tmp/peers/venv", help="virtualenv for --with-fairseq (default /tmp/peers/venv)")
     a = p.parse_args()
     precs = [x.strip() for v in (a.precision or ["fp32"]) for x in v.split(",") if x.strip()]
@@ -340,6 +382,11 @@ def main() -> int:
         for beam in (5, 1):
             fig[f"b{beam}"] = seqtool_decode(a, W, prec, beam, env)
         summary["seqtool"][prec] = fig
+    if a.default_recipe:
+        fig = seqtool_train_defaults(a, W, env)
+        fig["train_peak_rss_mib"] = fig.pop("peak_rss_mib", None)
+        fig["b5"] = seqtool_decode(a, W, "default", 5, env)
+        summary["seqtool"]["default"] = fig
     res = run_fairseq(a, W, env) if a.with_fairseq else a.fairseq_res
     if res is not None and not Path(res).is_dir():
         log(f"fairseq figures: {res} is not a directory")
@@ -348,12 +395,15 @@ def main() -> int:
         summary["fairseq"] = fairseq_figures(Path(res).resolve())
     summary["failures"] = FAILURES
     cols = {f"seqtool {p}": summary["seqtool"][p] for p in precs}
+    if "default" in summary["seqtool"]:
+        cols["seqtool defaults"] = summary["seqtool"]["default"]
     if "fairseq" in summary:
         cols["fairseq 0.12.3"] = summary["fairseq"]
     text = header(a) + ("" if "fairseq" not in summary else f" (fairseq from {summary['fairseq']['results_dir']})") + "\n\n" + table(cols) + "\n"
     if FAILURES:
         text += f"\nFailed or skipped steps: {', '.join(FAILURES)} (logs in {W / 'logs'})\n"
     (W / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    write_curve(a, W, summary, precs, res)
     with open(REPO / "bench" / "results.md", "a") as out:
         out.write("\n" + text)
     print(text)

@@ -45,33 +45,28 @@ def fairseq_points(log: Path) -> tuple[list[float], list[float]]:
     return minutes, ppl
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seqtool", type=Path, required=True, help="a seqtool run directory (metrics.jsonl)")
-    parser.add_argument("--seqtool-label", default="seqtool, default recipe (train on raw files, --arch small)")
-    parser.add_argument("--seqtool-bleu", type=float, help="its test BLEU, beam 5")
-    parser.add_argument("--fairseq-log", type=Path, help="fairseq-train log of the cpu-small protocol (default: PEERS.md's runs)")
-    parser.add_argument("--fairseq-bleu", type=float, help="its test BLEU, beam 5 (with --fairseq-log)")
-    parser.add_argument("--title", default="bible-es-en, 2 CPU threads: validation perplexity against training time")
-    parser.add_argument("--out", type=Path, default=Path("bench/learning-curve.png"))
-    a = parser.parse_args()
+COLORS = ["#1f6feb", "#8250df", "#1a7f37", "#bf8700"]
 
+
+def plot(runs: list, fairseq_log, fairseq_bleu, out: Path, title: str) -> None:
+    """runs: (run dir, label, test BLEU or None) for each seqtool run; fairseq_log: its train log or None (then
+    PEERS.md's two runs)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
-    x, y = seqtool_points(a.seqtool)
-    ax.plot(x, y, "o-", color="#1f6feb", label=a.seqtool_label)
-    if a.seqtool_bleu is not None and x:
-        ax.annotate(f"test BLEU {a.seqtool_bleu:.1f}", (x[-1], y[-1]), textcoords="offset points", xytext=(10, -4),
-                    ha="left", color="#1f6feb")
-    if a.fairseq_log:
-        fx, fy = fairseq_points(a.fairseq_log)
-        ax.plot(fx, fy, "s-", color="#cf222e", label="fairseq 0.12.3, cpu-small protocol (this run)")
-        if a.fairseq_bleu is not None and fx:
-            ax.annotate(f"test BLEU {a.fairseq_bleu:.1f}", (fx[-1], fy[-1]), textcoords="offset points", xytext=(-10, 12),
+    for (run, label, bleu), color in zip(runs, COLORS):
+        x, y = seqtool_points(run)
+        ax.plot(x, y, "o-", color=color, label=label, markersize=4)
+        if bleu is not None and x:
+            ax.annotate(f"test BLEU {bleu:.1f}", (x[-1], y[-1]), textcoords="offset points", xytext=(10, -4), ha="left", color=color)
+    if fairseq_log:
+        fx, fy = fairseq_points(fairseq_log)
+        ax.plot(fx, fy, "s-", color="#cf222e", label="fairseq 0.12.3, cpu-small protocol (this run)", markersize=4)
+        if fairseq_bleu is not None and fx:
+            ax.annotate(f"test BLEU {fairseq_bleu:.1f}", (fx[-1], fy[-1]), textcoords="offset points", xytext=(-10, 12),
                         ha="right", color="#cf222e")
     else:
         p = PEERS_FAIRSEQ
@@ -82,12 +77,28 @@ def main() -> None:
     ax.set_yscale("log")
     ax.set_xlabel("wall-clock minutes of training (validation included)")
     ax.set_ylabel("validation perplexity (log scale)")
-    ax.set_title(a.title, fontsize=10)
+    ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seqtool", type=Path, action="append", required=True, help="a seqtool run directory (metrics.jsonl); repeatable")
+    parser.add_argument("--seqtool-label", action="append", help="its legend label (one per --seqtool)")
+    parser.add_argument("--seqtool-bleu", type=float, action="append", help="its test BLEU, beam 5 (one per --seqtool)")
+    parser.add_argument("--fairseq-log", type=Path, help="fairseq-train log of the cpu-small protocol (default: PEERS.md's runs)")
+    parser.add_argument("--fairseq-bleu", type=float, help="its test BLEU, beam 5 (with --fairseq-log)")
+    parser.add_argument("--title", default="bible-es-en, 2 CPU threads: validation perplexity against training time")
+    parser.add_argument("--out", type=Path, default=Path("bench/learning-curve.png"))
+    a = parser.parse_args()
+    labels = a.seqtool_label or ["seqtool, default recipe (train on raw files, --arch small)"]
+    bleus = a.seqtool_bleu or []
+    runs = [(run, labels[i] if i < len(labels) else run.name, bleus[i] if i < len(bleus) else None) for i, run in enumerate(a.seqtool)]
+    plot(runs, a.fairseq_log, a.fairseq_bleu, a.out, a.title)
     print(a.out)
 
 
