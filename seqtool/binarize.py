@@ -1,8 +1,7 @@
 """Parallel text -> memory-mapped token arrays.
 
-Owns DATA_DIR: for each split and language a flat token array SPLIT.LANG.bin (uint16 when the
-vocabulary fits, else int32) and its int64 offsets SPLIT.LANG.idx (n + 1 entries), plus
-meta.json and a copy of the tokenizer. Streams both sides in chunks, so memory stays flat as the
+Writes DATA_DIR in the format data.py defines and reads (per split and language a flat token
+array and its offsets, meta.json, a copy of the tokenizer). Streams both sides in chunks, so memory stays flat as the
 corpus grows; --workers encodes chunks in several processes while the parent writes in order.
 Every array is written under a temp name and renamed only when all splits succeeded, and
 meta.json comes last: an error or Ctrl-C leaves no file that looks complete.
@@ -23,10 +22,11 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from .textio import InputError, atomic_write_bytes, find_split_file, read_lines
+from .data import FORMAT_VERSION, shard_paths, token_dtype
+from .errors import InputError
+from .textio import atomic_write_bytes, find_split_file, read_lines
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
-FORMAT_VERSION = 1
 CHUNK_LINES = 4096
 
 
@@ -34,10 +34,6 @@ CHUNK_LINES = 4096
 class SplitSpec:
     name: str  # train / valid / test
     prefix: str
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
 
 
 # Worker side: each process loads the tokenizer once from bytes.
@@ -216,7 +212,7 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
     """Write one split under temp names; the writers join all_writers, which the caller commits."""
     writers = []
     for lang in (src_lang, tgt_lang):
-        writers.append(_ArrayWriter(out_dir / f"{name}.{lang}.bin", out_dir / f"{name}.{lang}.idx", dtype))
+        writers.append(_ArrayWriter(*shard_paths(out_dir, name, lang), dtype))
         all_writers.append(writers[-1])
     unk = [0, 0]
     try:

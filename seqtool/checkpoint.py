@@ -22,7 +22,8 @@ from typing import Any, Optional
 import torch
 
 from .config import ModelConfig
-from .textio import InputError, atomic_write
+from .errors import InputError
+from .textio import atomic_write
 
 FORMAT_VERSION = 1
 

@@ -16,7 +16,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from .config import ConfigError
+from .errors import ConfigError
 
 app = typer.Typer(
     name="seqtool",
@@ -59,14 +59,14 @@ def handles_user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .textio import InputError
+        from .errors import SeqtoolError, exit_code
 
         try:
             return fn(*args, **kwargs)
-        except (InputError, ConfigError) as error:
-            _fail(str(error))
+        except SeqtoolError as error:
+            _fail(str(error), exit_code(error))
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            _fail("interrupted", exit_code(KeyboardInterrupt()))
         except BrokenPipeError:
             # The reader went away (e.g. `| head -1`): stop quietly, and keep Python's exit-time
             # flush from complaining about the closed stdout.
@@ -105,7 +105,7 @@ def train_tokenizer_cmd(
 ):
     """Train a sentencepiece tokenizer (BPE or unigram) on raw text."""
     from .config import TokenizerConfig
-    from .textio import InputError
+    from .errors import InputError
     from .tokenizer import train_tokenizer
 
     config = TokenizerConfig(vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
@@ -300,7 +300,8 @@ def translate(
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is not None:
-        from .textio import InputError, check_output_file
+        from .errors import InputError
+        from .textio import check_output_file
 
         check_output_file(output)
         if output.exists() and input is not None and output.resolve() == input.resolve():
@@ -425,7 +426,7 @@ def average(
 ):
     """Average the weights of several checkpoints into one."""
     from .checkpoint import average as run
-    from .textio import InputError
+    from .errors import InputError
 
     if output.exists() and not force:
         raise InputError(f"{output}: already exists; pass --force to replace it")

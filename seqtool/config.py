@@ -13,9 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message says which and why."""
+from .errors import ConfigError
 
 
 class _Config:
@@ -183,7 +181,7 @@ class DecodeConfig(_Config):
     max_tokens: int = 0  # 0 = only --batch-size limits a batch
     batch_size: int = 64
     print_scores: bool = False
-    print_alignment: bool = False  # hard alignment from encoder-decoder attention (attention.py)
+    print_alignment: bool = False  # hard alignment from encoder-decoder attention (alignment.py)
     alignment_layer: int = 0  # 1-based decoder layer for --print-alignment; 0 = the last
     device: str = "auto"
     precision: str = "auto"  # auto (device.py): bf16 on CPUs with bf16 instructions, else fp32; bf16 / fp16 (CUDA): weights cast once, see precision.py
@@ -198,7 +196,7 @@ class DecodeConfig(_Config):
     topp: float = 1.0  # ... and among the nucleus of this probability mass; 1.0 = all
     temperature: float = 1.0
     seed: int = 1  # same seed, same samples (whatever the batching: see search.py)
-    score_reference: bool = False  # score the lines of `target` instead of translating (reference.py)
+    score_reference: bool = False  # score the lines of `target` instead of translating (reference_score.py)
     target: str = ""  # --target FILE: one reference per input line
 
     def __post_init__(self):

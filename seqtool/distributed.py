@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from . import log
-from .config import ConfigError
+from .errors import ConfigError
 
 FAULT_ENV = "SEQTOOL_FAULT"
 

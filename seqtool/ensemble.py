@@ -3,7 +3,7 @@
 Owns combining models at decoding time and loading the checkpoints of an ensemble. At every step
 the next-token distribution is the mean of the members' probabilities, returned as log-probabilities:
 log(1/M sum_m p_m) = logsumexp_m(log p_m) - log M. `Ensemble` offers the decoder interface that
-search.py and reference.py use (`config`, `encode`, `new_cache`, `decode`, and a cache with
+search.py and reference_score.py use (`config`, `encode`, `new_cache`, `decode`, and a cache with
 `reorder`), so greedy search, beam search, sampling and reference scoring run an ensemble exactly
 as they run one model. Each member keeps its own KV cache; `EnsembleCache.reorder` moves them
 all together, so beams and finished sentences stay aligned across members.
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from . import checkpoint, precision
 from .config import ModelConfig
-from .textio import InputError
+from .errors import InputError
 
 
 class EnsembleCache:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import checkpoint
-from .config import ConfigError
-from .textio import InputError
+from .errors import ConfigError
+from .errors import InputError
 
 FORMATS = ("ctranslate2",)
 # Weight types CTranslate2 can store (its converters' --quantization); None keeps float32.

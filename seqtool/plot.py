@@ -20,10 +20,12 @@ from typing import Optional
 import torch
 
 from . import log
-from .attention import AttentionWeights, force_decode, resolve_layer
-from .config import ConfigError, DecodeConfig, ModelConfig
+from .alignment import AttentionWeights, force_decode, resolve_layer
+from .errors import ConfigError
+from .config import DecodeConfig, ModelConfig
 from .search import search
-from .textio import InputError, atomic_write
+from .errors import InputError
+from .textio import atomic_write
 from .translate import Translator
 
 FORMATS = (".png", ".svg", ".pdf")

@@ -17,7 +17,8 @@ from typing import Iterable, Sequence
 import sentencepiece as spm
 
 from .config import TokenizerConfig
-from .textio import InputError, read_lines
+from .errors import InputError
+from .textio import read_lines
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 

@@ -27,16 +27,17 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from . import allocator, checkpoint, distributed, finetune, linear, log, schedule, update, validate
+from . import allocator, checkpoint, distributed, finetune, kernels, log, schedule, update, validate
 from .ema import EMA
 from .device import pick_device, resolve_precision
 from .binarize import SplitSpec, binarize
-from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
+from .errors import ConfigError
+from .config import ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
 from .metrics import MetricsLog
 from .model import Transformer
 from .update import autocast as autocast_for
-from .textio import InputError
+from .errors import InputError
 from .tokenizer import Tokenizer, train_tokenizer
 
 # Settings that may change when a run is resumed: limits and where/how fast it runs.
@@ -545,7 +546,7 @@ def _without(configs: dict) -> dict:
 
 
 def train(job: TrainJob) -> TrainResult:
-    linear.limit_primitive_cache()
+    kernels.limit_primitive_cache()
     result = Trainer(job).run()
     # after an error the process exits instead: leaving a group whose other ranks died can block
     distributed.close()

@@ -27,8 +27,9 @@ from typing import BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Uni
 import torch
 
 from . import allocator, ensemble, log, precision
-from .attention import align_hypotheses, format_alignment, resolve_layer
-from .config import ConfigError, DecodeConfig
+from .alignment import align_hypotheses, format_alignment, resolve_layer
+from .errors import ConfigError
+from .config import DecodeConfig
 from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
@@ -210,7 +211,7 @@ class Translator:
     def score(self, sources: Iterable[str], references: Iterable[str]):
         """The model's log-probability of each reference given its source (as --score-reference):
         ReferenceScore objects (.logprob, .average, .score(lenpen), .text), lazily a chunk at a time."""
-        from .reference import score_lines
+        from .reference_score import score_lines
 
         return score_lines(self, sources, references)
 
@@ -320,14 +321,14 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
     """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines.
 
     checkpoint_path: one checkpoint, or several for an ensemble. With config.score_reference, the
-    lines of config.target are scored instead (reference.py)."""
+    lines of config.target are scored instead (reference_score.py)."""
     # the inputs first: a missing file or a closed stdin is reported before the model loads
     if input_path is not None:
         stream, name = open_binary(input_path), str(input_path)
     else:
         stream, name = open_stdin(), "<stdin>"
     if config.score_reference:
-        from .reference import check_line_counts
+        from .reference_score import check_line_counts
 
         open_binary(Path(config.target)).close()
         if input_path is not None:
@@ -336,7 +337,7 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
         output = output or sys.stdout
         reader = _LineReader(stream, name, errors=config.errors)
         if config.score_reference:
-            from .reference import score_stream
+            from .reference_score import score_stream
 
             return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
         count = 0

@@ -30,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Optional
 
-from .config import ConfigError
+from .errors import ConfigError
 
 _translator = None  # the worker process's own Translator
 

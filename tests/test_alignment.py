@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from seqtool.attention import align_hypotheses, force_decode, format_alignment, hard_alignment
+from seqtool.alignment import align_hypotheses, force_decode, format_alignment, hard_alignment
 from seqtool.config import ConfigError, DecodeConfig
 from seqtool.model import MultiHeadAttention
 from seqtool.search import Hypothesis
