@@ -17,10 +17,11 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
 
+from .checkpoint import TrainingState
 from .config import DecodeConfig, ModelConfig, TrainConfig
 from .data import ParallelDataset, collate, epoch_batches
 from .loss import label_smoothed_nll
@@ -124,20 +125,18 @@ def evaluate(model, dataset: ParallelDataset, tokenizer: Tokenizer, model_config
 
 
 class EarlyStopping:
-    """Best value of --best-metric and validations without improving it, kept in `state` (the
-    trainer's progress dict, saved in last.pt) under best_metric_value, bad_validations and
-    best_valid_loss."""
+    """Best value of --best-metric and validations without improving it, kept in the run's
+    TrainingState (saved in last.pt): best_metric_value, bad_validations and best_valid_loss."""
 
-    def __init__(self, metric: str, patience: int, state: dict[str, Any]):
+    def __init__(self, metric: str, patience: int, state: TrainingState):
         self.metric, self.patience, self.state = metric, patience, state
         self.higher_is_better = metric != "loss"
-        state.setdefault("best_metric_value", -math.inf if self.higher_is_better else math.inf)
-        state.setdefault("bad_validations", 0)
-        state.setdefault("best_valid_loss", math.inf)
+        if state.best_metric_value is None:
+            state.best_metric_value = -math.inf if self.higher_is_better else math.inf
 
     @property
     def best(self) -> float:
-        return self.state["best_metric_value"]
+        return self.state.best_metric_value
 
     def beats_best(self, result: ValidResult) -> bool:
         """Whether `result` is better than the best so far (nothing recorded)."""
@@ -146,20 +145,19 @@ class EarlyStopping:
 
     def update(self, result: ValidResult) -> bool:
         """Record one validation; True when it improved the best value (a nan never does)."""
-        if result.loss < self.state["best_valid_loss"]:
-            self.state["best_valid_loss"] = result.loss
-        value = result.value(self.metric)
-        improved = value > self.best if self.higher_is_better else value < self.best
+        if result.loss < self.state.best_valid_loss:
+            self.state.best_valid_loss = result.loss
+        improved = self.beats_best(result)
         if improved:
-            self.state["best_metric_value"] = value
-            self.state["bad_validations"] = 0
+            self.state.best_metric_value = result.value(self.metric)
+            self.state.bad_validations = 0
         else:
-            self.state["bad_validations"] += 1
+            self.state.bad_validations += 1
         return improved
 
     @property
     def should_stop(self) -> bool:
-        return bool(self.patience) and self.state["bad_validations"] >= self.patience
+        return bool(self.patience) and self.state.bad_validations >= self.patience
 
 
 def summary_line(result: ValidResult, update: int, stopping: EarlyStopping) -> str:

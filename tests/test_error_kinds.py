@@ -1,7 +1,6 @@
 """errors.py: one base error, three kinds, one table from error to exit status (the CLI-level
 behaviour of each error is tests/test_errors.py)."""
 
-import pytest
 
 from seqtool import errors
 from seqtool.config import ConfigError as ConfigErrorFromConfig

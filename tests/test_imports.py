@@ -23,7 +23,7 @@ LAYERS = [
     {"checkpoint", "precision", "tokenizer"},
     {"model", "device", "allocator"},
     {"kernels", "cache", "config", "textio"},
-    {"log", "errors"},
+    {"log", "errors", "interrupts"},
 ]
 
 
