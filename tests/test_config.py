@@ -6,6 +6,7 @@ import pytest
 from seqtool.config import TrainConfig
 from seqtool.errors import ConfigError
 
+
 def _toml(tmp_path, text):
     path = tmp_path / "run.toml"
     path.write_text(text)
