@@ -303,10 +303,16 @@ def translate(
         from .errors import InputError
         from .textio import check_output_file
 
+        from .interrupts import Interrupts
+
         check_output_file(output)
-        if output.exists() and input is not None and output.resolve() == input.resolve():
-            raise InputError(f"{output}: --output is the --input file; write somewhere else")
-        tmp = output.with_name(f".{output.name}.partial")
+        inputs = [("--input", input), ("--target", target)] + [("--checkpoint", c) for c in checkpoint]
+        for option, path in inputs:
+            if path is not None and output.exists() and Path(path).exists() and os.path.samefile(output, path):
+                raise InputError(f"{output}: --output is the {option} file; write somewhere else")
+        tmp = output.with_name(f".{output.name}.{os.getpid()}.partial")  # two runs never share one
+        interrupts = Interrupts()  # SIGTERM, like Ctrl-C, ends the run here: the partial file goes
+        interrupts.install()
         try:
             with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
                 translate_file(checkpoints, config, input, handle)
@@ -315,6 +321,7 @@ def translate(
             error.filename = error.filename or str(output)  # e.g. a full disk: name the output, not nothing
             raise
         finally:
+            interrupts.restore()
             tmp.unlink(missing_ok=True)
     else:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]

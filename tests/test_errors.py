@@ -491,21 +491,36 @@ def test_ctrl_c_in_train_tokenizer_is_answered_at_once_and_keeps_the_previous_mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt", "spm.model", "spm.vocab", "tmp"]
 
 
-def test_ctrl_c_in_translate_output_keeps_the_previous_file(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
+def test_a_signal_in_translate_output_keeps_the_previous_file_and_leaves_no_partial(tiny_checkpoint, tmp_path, signum, code):
     out = tmp_path / "out.txt"
     out.write_text("previous translation\n")
     proc = subprocess.Popen([*PYTHON, "translate", "-c", str(tiny_checkpoint), *TRANSLATE, "--output", str(out)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **CTRL_C_ABLE)
     proc.stdin.write(b"a b\nc d\n")
     proc.stdin.flush()  # stdin stays open: translate is mid-stream, waiting for more
-    partial = tmp_path / ".out.txt.partial"
+    partial = tmp_path / f".out.txt.{proc.pid}.partial"  # the writer's PID: two runs never share a temp file
     assert _wait_for(lambda: partial.exists() and partial.stat().st_size > 0)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert err.decode().strip() == "error: interrupted"
     assert out.read_text() == "previous translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+@pytest.mark.parametrize("which", ["input", "target", "checkpoint"])
+def test_translate_output_may_not_be_one_of_its_inputs(tiny_checkpoint, tmp_path, which):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("a b\n")
+    ref.write_text("b a\n")
+    ckpt = tmp_path / "model.pt"
+    shutil.copy(tiny_checkpoint, ckpt)
+    output = {"input": src, "target": ref, "checkpoint": ckpt}[which]
+    before = output.read_bytes()
+    result = cli("translate", "-c", ckpt, *TRANSLATE, "--input", src, "--score-reference", "--target", ref, "--output", output)
+    one_error(result, f"--output is the --{which} file")
+    assert output.read_bytes() == before
 
 
 def test_ctrl_c_in_train_saves_a_resumable_checkpoint(data_dir, tmp_path):
