@@ -190,3 +190,15 @@ def test_a_signal_during_a_checkpoint_write_waits_for_the_write(small_corpus, tm
     assert sorted(p.name for p in save.iterdir()) == ["config.json", "last.pt", "metrics.jsonl"]  # no temp file left
     monkeypatch.setattr(torch, "save", real_save)
     assert train(_job(small_corpus, save, max_updates=3)).updates == 3  # and the run resumes
+
+
+def test_the_torch_floor_has_no_known_weights_only_bypass():
+    # torch.load(weights_only=True) is what keeps a checkpoint from running code: torch below 2.10 has
+    # known bypasses (CVE-2025-32434 before 2.6, CVE-2026-24747 before 2.10), so pip may not pick one
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    floor = re.search(r'"torch>=([\d.]+)"', text).group(1)
+    assert tuple(int(x) for x in floor.split(".")) >= (2, 10)
+    assert tuple(int(x) for x in floor.split(".")) <= (2, 11)  # and no higher: users on 2.10 / 2.11 stay supported
