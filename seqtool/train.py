@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from .interrupts import Interrupts
 from .errors import ConfigError, InputError
 from .metrics import MetricsLog, ThroughputWindow
 from .model import Transformer
+from .runlock import RunLock
+from .textio import atomic_write_bytes
 from .tokenizer import Tokenizer, train_tokenizer
 from .update import autocast as autocast_for
 
@@ -121,9 +124,20 @@ def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path
 class Trainer:
     def __init__(self, job: TrainJob):
         self.job = job
+        env = distributed.environment()
+        self.lock = RunLock(job.save_dir)  # one run per SAVE_DIR (runlock.py); held by rank 0 until run() ends
+        if env.rank == 0:
+            Path(job.save_dir).mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+        try:
+            self._set_up(job, env)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _set_up(self, job: TrainJob, env: distributed.Env) -> None:
         self.paths = RunPaths(job.save_dir)
         cfg = job.train
-        env = distributed.environment()
         self.device = distributed.device_for(env, pick_device(cfg.device))
         # CPU training returns the heap's free pages between updates (allocator.HeapTrimmer)
         self.trim_heap = allocator.HeapTrimmer(HEAP_TRIM_SECONDS if self.device.type == "cpu" else 0.0)
@@ -181,11 +195,13 @@ class Trainer:
         self.ema = EMA(self.model.parameters(), cfg.ema_decay) if cfg.ema_decay else None
         self.state = checkpoint.TrainingState()
         self.early_stopping = validate.EarlyStopping(cfg.best_metric, cfg.patience, self.state)  # keeps its state in self.state
+        self.metrics_new = self.paths.save_dir / (self.paths.metrics.name + ".new")  # a --force run's, until its first save
+        self.replacing_old_run = False
         self._resume_or_start()
         self.interrupts = Interrupts()
         self.saved_progress: Optional[dict] = None  # the TrainingState last.pt holds (state_dict)
-        self.metrics = MetricsLog(self.paths.metrics, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None,
-                                  enabled=self.dist.is_main)
+        self.metrics = MetricsLog(self.metrics_new if self.replacing_old_run else self.paths.metrics,
+                                  Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None, enabled=self.dist.is_main)
         self.updater.skipped = self.state.skipped_updates
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -194,20 +210,22 @@ class Trainer:
         save_dir.mkdir(parents=True, exist_ok=True)
         for stale in checkpoint.remove_stale_temps(save_dir):
             log.info(f"removed {stale.name}, left by a save that was killed")
-        if self.job.force and (self.paths.last.exists() or self.paths.best.exists()):
-            # start afresh: the old checkpoints are replaced by the first save, the old metrics now
-            log.warn(f"--force: starting a new run in {save_dir}; its checkpoints will be replaced")
-            if self.dist.is_main:
-                for path in (self.paths.last, self.paths.best, self.paths.metrics):
-                    path.unlink(missing_ok=True)
-                checkpoint.prune_numbered(save_dir, 0)
-            self.dist.barrier()
+        if self.dist.is_main:
+            self.metrics_new.unlink(missing_ok=True)  # left by a --force run killed before its first save
+        old_run = [p for p in (self.paths.last, self.paths.best, self.paths.metrics) if p.exists()]
+        if self.job.force and old_run:
+            # start afresh, but delete nothing yet: the old run's files are replaced by this run's
+            # first save (_replace_old_run), so a failure before it leaves them as they were
+            log.warn(f"--force: starting a new run in {save_dir}; the old run's checkpoints and metrics are replaced "
+                     f"at this run's first save")
+            self.replacing_old_run = True
+            return
         self.dist.check_same(self.paths.last.exists(), f"whether {self.paths.last} exists (--save-dir must be shared by all nodes)")
         if not self.paths.last.exists():
             if self.paths.best.exists():
                 raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir or pass --force to replace it")
             if self.dist.is_main:
-                self.paths.config.write_text(json.dumps(self.configs, indent=2) + "\n")
+                atomic_write_bytes(self.paths.config, (json.dumps(self.configs, indent=2) + "\n").encode())
             return
         ckpt = checkpoint.load(self.paths.last)
         saved = ckpt["configs"]
@@ -229,7 +247,43 @@ class Trainer:
             log.warn(f"{self.paths.last} was trained by {saved_world} process(es), now {self.dist.world_size}: the batch per "
                      f"update changes, and the run is not the one it would have been (resumed at update "
                      f"{self.state.batch_in_epoch} of epoch {self.state.epoch})")
+        self._adopt_best_pt()
         log.info(f"resuming {self.paths.last}: update {self.state.updates}, epoch {self.state.epoch}")
+
+    def _adopt_best_pt(self) -> None:
+        """best.pt is written before last.pt: after a kill between the two, best.pt holds a better
+        validation than last.pt knows of. Take its figures, so the resumed run never replaces it
+        with a worse model."""
+        if not self.paths.best.exists():
+            return
+        try:
+            valid = checkpoint.load(self.paths.best).get("valid") or {}
+        except InputError as error:
+            log.warn(f"{self.paths.best}: cannot be read ({error}); it will be replaced at the next improvement")
+            return
+        if valid.get("loss") is None:
+            return
+        saved = validate.ValidResult(valid["loss"], valid.get("nll", valid["loss"]), bleu=valid.get("bleu"), chrf=valid.get("chrf"))
+        if self.early_stopping.beats_best(saved):
+            log.warn(f"{self.paths.best} holds a better validation than {self.paths.last} records (a save was cut short): "
+                     f"continuing from its {self.early_stopping.metric} {saved.value(self.early_stopping.metric):.4g}")
+            self.state.best_metric_value = saved.value(self.early_stopping.metric)
+            self.state.best_valid_loss = min(self.state.best_valid_loss, saved.loss)
+
+    def _replace_old_run(self, wrote_best: bool) -> None:
+        """A --force run's first save, once its last.pt is written: the old run's update-numbered copies
+        and best.pt (unless this save replaced it) go; this run's config.json and metrics (written to
+        metrics.jsonl.new so far) take the old ones' places."""
+        checkpoint.prune_numbered(self.paths.save_dir, 0)
+        if not wrote_best:
+            self.paths.best.unlink(missing_ok=True)
+        atomic_write_bytes(self.paths.config, (json.dumps(self.configs, indent=2) + "\n").encode())
+        if self.metrics_new.exists():
+            os.replace(self.metrics_new, self.paths.metrics)
+        else:
+            self.paths.metrics.unlink(missing_ok=True)
+        self.metrics.path = self.paths.metrics
+        self.replacing_old_run = False
 
     # ---- one update ---------------------------------------------------------------------
     def _step(self, batches: list, global_tokens: int, epoch_batches: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,10 +335,13 @@ class Trainer:
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
                                 valid_loss=None if result is None else result.loss, updates=st.updates,
                                 progress=st.state_dict(), valid=valid)
-        if result is not None and (improved or self.valid_set is None or not self.paths.best.exists()):
+        wrote_best = result is not None and (improved or self.valid_set is None or not self.paths.best.exists())
+        if wrote_best:
             best = {k: v for k, v in ckpt.items() if k != "train_state"}
             checkpoint.save(best, self.paths.best)
         checkpoint.save(ckpt, self.paths.last)
+        if self.replacing_old_run:  # this run's last.pt exists now: the old run's other files go
+            self._replace_old_run(wrote_best)
         if cfg.keep_last and st.updates % cfg.save_interval_updates == 0:
             checkpoint.save(ckpt, checkpoint.numbered_path(self.paths.save_dir, st.updates))
             checkpoint.prune_numbered(self.paths.save_dir, cfg.keep_last)
@@ -315,6 +372,7 @@ class Trainer:
             progress.close()
             self.metrics.close()
             self.interrupts.restore()
+            self.lock.release()
         st.train_seconds = time.monotonic() - self.clock_start
         return TrainResult(
             updates=st.updates, epochs=st.epoch - 1 + st.batch_in_epoch / max(n_batches, 1),

@@ -22,7 +22,7 @@ LAYERS = [
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
     {"checkpoint", "precision", "tokenizer"},
     {"model", "device", "allocator"},
-    {"kernels", "cache", "config", "textio"},
+    {"kernels", "cache", "config", "textio", "runlock"},
     {"log", "errors", "interrupts"},
 ]
 
