@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Sequence
 import numpy as np
 
 from .data import FORMAT_VERSION, shard_paths, token_dtype
-from .errors import InputError
+from .errors import InputError, ResourceError
 from .textio import atomic_write_bytes, find_split_file, read_lines
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -66,6 +66,7 @@ class _EncodingPool:
     def __enter__(self) -> "_EncodingPool":
         main = threading.current_thread() is threading.main_thread()  # only it may set handlers
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        others = {p.pid for p in mp.active_children()}
         try:
             self.pool = mp.get_context("spawn").Pool(self.workers, _init_worker, (self.model_bytes,))
         finally:
@@ -73,11 +74,18 @@ class _EncodingPool:
                 signal.signal(signal.SIGINT, previous)
         if main:
             self.previous = signal.signal(signal.SIGINT, lambda signum, frame: self.interrupted.set())
+        # the pool's worker processes: one that dies takes its chunk with it, and Pool would wait
+        # for that result forever
+        self.worker_pids = {p.pid for p in mp.active_children()} - others
         return self
 
     def check(self) -> None:
         if self.interrupted.is_set():
             raise KeyboardInterrupt
+        dead = self.worker_pids - {p.pid for p in mp.active_children()}
+        if dead:
+            raise ResourceError(f"a --workers process (PID {min(dead)}) died: killed, or out of memory; nothing was "
+                                f"written; run again, with fewer --workers if memory is short")
 
     def submit(self, lines: list[str]):
         self.check()
