@@ -462,7 +462,7 @@ def test_a_binarize_worker_killed_is_an_error_within_seconds_not_a_hang(corpus, 
         f"error: a --workers process (PID {victim}) died: killed, or out of memory; nothing was written; "
         "run again, with fewer --workers if memory is short"], err
     assert not out_dir.exists()
-    assert _wait_for(lambda: not any(Path(f"/proc/{w}").exists() for w in pool), timeout=30)  # no worker left behind
+    assert _wait_for(lambda: not any(map(_running, pool)), timeout=30)  # no worker left behind
 
 
 def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(corpus):
@@ -487,6 +487,14 @@ def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(
             assert pool.get(pool.submit(["a b"]))
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        return "\tZ" not in next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
 
 
 def _children(pid: int) -> list[int]:
