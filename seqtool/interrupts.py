@@ -1,8 +1,10 @@
-"""Ctrl-C and SIGTERM during training: stop cleanly, but never in the middle of writing a checkpoint."""
+"""Signals: Ctrl-C and SIGTERM during training stop cleanly, but never in the middle of writing a
+checkpoint (Interrupts); and every process seqtool starts ends with it (die_with_parent)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from typing import Any, Iterator
@@ -49,3 +51,19 @@ class Interrupts:
         if self.pending and not self.stopping:
             self.pending = False
             raise KeyboardInterrupt
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child process: be killed (SIGKILL) when the parent process `parent` ends, however it ends
+    (Ctrl-C, SIGTERM, SIGKILL, the OOM killer), so no decoding or tokenizer process outlives the
+    command that started it. Linux (prctl PR_SET_PDEATHSIG); elsewhere a no-op. A parent that died
+    before this call is noticed at once: the child exits."""
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # orphaned already (re-parented) before the signal was armed
+        os._exit(1)

@@ -18,6 +18,7 @@ import sentencepiece as spm
 
 from .config import TokenizerConfig
 from .errors import InputError
+from .interrupts import die_with_parent
 from .textio import read_lines
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -113,7 +114,7 @@ def _train_in_child(lines: list[str], tmp_prefix: str, config: TokenizerConfig) 
         return
     import signal
 
-    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(lines, tmp_prefix, config), daemon=True)
+    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(lines, tmp_prefix, config, os.getpid()), daemon=True)
     # A Ctrl-C between the fork and start() returning would leave a child we hold no handle to:
     # SIGINT is held back until start() is done, and a pending one is raised once it is released.
     try:
@@ -134,26 +135,16 @@ def _train_in_child(lines: list[str], tmp_prefix: str, config: TokenizerConfig) 
         raise InputError(f"sentencepiece training stopped (exit status {child.exitcode}); out of memory? try a smaller --input-sentence-size")
 
 
-def _child_main(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:
+def _child_main(lines: list[str], tmp_prefix: str, config: TokenizerConfig, parent: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent answers Ctrl-C (and kills us)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # forked while the parent held it back
-    _die_with_parent()
+    die_with_parent(parent)  # a SIGKILL or SIGTERM of the parent leaves no trainer behind
     try:
         _train_spm(lines, tmp_prefix, config)
     except Exception as error:  # reported by the parent as one line, never a child's traceback
         Path(tmp_prefix + ".error").write_text(str(error) or type(error).__name__)
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this child when the parent dies (a SIGKILL or SIGTERM of the parent leaves no trainer behind)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        pass
 
 
 def _train_spm(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:

@@ -94,12 +94,16 @@ class Translator:
         if device.type == "cpu":
             allocator.keep_freed_memory()  # no page faults for every step's buffers (allocator.py)
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
-        model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
+        use_workers = config.workers > 1 and not config.score_reference  # reference scoring runs here, not in workers
+        if use_workers and device.type != "cpu":
+            raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
+        if use_workers and not config.print_alignment:  # the workers hold the models: N workers, N models
+            model, tokenizer_bytes = ensemble.load_header(paths)
+        else:
+            model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
         pool = None
-        if config.workers > 1 and not config.score_reference:  # reference scoring runs here, not in workers
-            if device.type != "cpu":
-                raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
+        if use_workers:
             from .workers import WorkerPool
 
             each = max(1, (config.threads or torch.get_num_threads()) // config.workers)
