@@ -98,7 +98,7 @@ def train_tokenizer_cmd(
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Number of pieces.")] = 8000,
     model_type: Annotated[str, typer.Option("--model-type", help="bpe or unigram.")] = "bpe",
     character_coverage: Annotated[float, typer.Option("--character-coverage", help="Share of characters covered.")] = 1.0,
-    input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Sample this many lines (0 = all).")] = 0,
+    input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Train on a uniform sample of this many lines (0 = all; memory grows with it).")] = 1_000_000,
     byte_fallback: Annotated[bool, typer.Option("--byte-fallback", help="Unknown characters become bytes, not <unk>.")] = False,
     threads: Annotated[int, typer.Option("--threads", help="sentencepiece threads.")] = 2,
     force: Force = False,
@@ -189,6 +189,7 @@ def train(
     train_prefix: Annotated[Optional[str], typer.Option("--train", help="Raw training files prefix.")] = None,
     valid_prefix: Annotated[Optional[str], typer.Option("--valid", help="Raw validation files prefix.")] = None,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Tokenizer size when training on raw files.")] = 8000,
+    input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Raw files: the tokenizer trains on a sample of this many lines (0 = all).")] = 1_000_000,
     workers: Workers = 1,
     force: Annotated[bool, typer.Option("--force", help="Start a new run in a SAVE_DIR that holds another (replaces its checkpoints).")] = False,
 ):
@@ -238,7 +239,7 @@ def train(
     if data_dir is None:
         if not (src and tgt and train_prefix and valid_prefix):
             raise ConfigError("give a DATA_DIR, or raw files with --src, --tgt, --train and --valid")
-        raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size), workers)
+        raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size, input_sentence_size=input_sentence_size), workers)
     elif train_prefix or valid_prefix:
         raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
     job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),

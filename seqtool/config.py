@@ -93,7 +93,9 @@ class TokenizerConfig(_Config):
     vocab_size: int = 8000
     model_type: str = "bpe"
     character_coverage: float = 1.0
-    input_sentence_size: int = 0  # 0 = use every sentence; else sample this many
+    # sentencepiece keeps a uniform sample of this many lines (seeded), so memory is bounded by the
+    # setting, not by the corpus; 0 = every line
+    input_sentence_size: int = 1_000_000
     byte_fallback: bool = False
     threads: int = 2
     seed: int = 1
