@@ -28,7 +28,7 @@ import torch
 
 from . import allocator, ensemble, log, precision
 from .alignment import align_hypotheses, format_alignment, resolve_layer
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .config import DecodeConfig
 from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
@@ -251,6 +251,9 @@ def format_translation(t: Translation, config: DecodeConfig) -> str:
     return "\n".join(rows) + "\n"
 
 
+MAX_LINE_BYTES = 1 << 20  # a sentence is a few hundred bytes; 1 MiB without a newline is not text to translate
+
+
 class _LineReader:
     """Reads lines (\\n only) in a thread, a block at a time, so the main loop can stop waiting
     after a short pause and a long input costs few queue operations."""
@@ -265,15 +268,21 @@ class _LineReader:
         # read1 returns what a pipe has (at least one byte) instead of waiting for a full block
         read = getattr(self.stream, "read1", None) or self.stream.read
         tail: list[bytes] = []  # the start of a line whose \n has not arrived yet
+        tail_bytes = 0
         lineno = 0
         try:
             while block := read(BLOCK_BYTES):
                 if b"\n" not in block:
                     tail.append(block)
+                    tail_bytes += len(block)
+                    if tail_bytes > MAX_LINE_BYTES:  # memory stays bounded, whatever the input
+                        raise InputError(f"{self.decode.where}:{lineno + 1}: a line of more than {MAX_LINE_BYTES:,} bytes; "
+                                         "translate reads one sentence per line (is this a text file?)")
                     continue
                 raws = (b"".join(tail) + block).split(b"\n") if tail else block.split(b"\n")
                 rest = raws.pop()  # after the last \n: empty, or a line still arriving
                 tail = [rest] if rest else []
+                tail_bytes = len(rest)
                 lines = []
                 try:
                     for raw in raws:

@@ -573,3 +573,9 @@ def test_ctrl_c_in_train_saves_a_resumable_checkpoint(data_dir, tmp_path):
     ckpt = checkpoint.load(run / "last.pt")  # complete and verified, not half-written
     assert ckpt["train_state"]["progress"]["updates"] >= 1
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
+
+
+def test_translate_input_without_newlines_is_refused_not_buffered_without_end(tiny_checkpoint):
+    # memory is bounded by a setting, not by the input: 2 MiB and no newline is not a sentence
+    result = cli("translate", "-c", tiny_checkpoint, *TRANSLATE, input="ab " * (700 << 10))
+    one_error(result, "<stdin>:1: a line of more than 1,048,576 bytes", "one sentence per line")
