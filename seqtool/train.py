@@ -147,7 +147,7 @@ class Trainer:
         self.dist = distributed.start(env, self.device, cfg.dist_timeout)
         if job.raw is not None:  # rank 0 prepares SAVE_DIR/data, the others wait for it
             data_dir = prepare_raw(job, source) if self.dist.is_main else Path(job.save_dir) / "data"
-            self.dist.barrier(f"waiting for rank 0 to prepare {data_dir}")
+            self.dist.barrier(f"waiting for rank 0 to prepare {data_dir}", patient=True)  # not bounded by --dist-timeout
         else:
             data_dir = Path(job.data_dir)
         self.data_dir = data_dir
@@ -310,7 +310,8 @@ class Trainer:
             return validate.ValidResult(float("nan"), float("nan"))
         return validate.evaluate(self.model, self.valid_set, self.tokenizer, self.model_config, self.train_config,
                                  self.job.optim.label_smoothing, self.device,
-                                 autocast=lambda: autocast_for(self.device, self.train_config.precision))
+                                 autocast=lambda: autocast_for(self.device, self.train_config.precision),
+                                 share=self.dist if self.dist.world_size > 1 else None)  # each rank validates a share
 
     def _save(self, result: Optional[validate.ValidResult] = None, improved: bool = False, gather: bool = True) -> None:
         """last.pt always (and the update-numbered copy at --save-interval-updates points); best.pt
@@ -543,7 +544,7 @@ class Trainer:
                             "bad_validations": st.bad_validations, "seconds": st.train_seconds,
                             "valid_seconds": result.seconds})
         log.info(validate.summary_line(result, st.updates, self.early_stopping))
-        if self.early_stopping.should_stop:
+        if self.dist.from_main(self.early_stopping.should_stop):  # one decision for every rank
             log.info(f"stopping: {cfg.best_metric} has not improved for {cfg.patience} validations (--patience)")
             return "patience"
         return ""
