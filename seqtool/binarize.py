@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import os
 import json
 import multiprocessing as mp
 import signal
@@ -24,6 +25,7 @@ import numpy as np
 
 from .data import FORMAT_VERSION, shard_paths, token_dtype
 from .errors import InputError, ResourceError
+from .interrupts import Interrupts
 from .textio import atomic_write_bytes, find_split_file, read_lines
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -61,7 +63,7 @@ class _EncodingPool:
         self.workers = workers
         self.model_bytes = model_bytes
         self.interrupted = threading.Event()
-        self.previous = None
+        self.previous = self.previous_term = None
 
     def __enter__(self) -> "_EncodingPool":
         main = threading.current_thread() is threading.main_thread()  # only it may set handlers
@@ -72,8 +74,9 @@ class _EncodingPool:
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)
-        if main:
+        if main:  # SIGTERM too: it also stops the run with its temp files removed
             self.previous = signal.signal(signal.SIGINT, lambda signum, frame: self.interrupted.set())
+            self.previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: self.interrupted.set())
         # the pool's worker processes: one that dies takes its chunk with it, and Pool would wait
         # for that result forever
         self.worker_pids = {p.pid for p in mp.active_children()} - others
@@ -101,6 +104,7 @@ class _EncodingPool:
         self.pool.terminate()
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+            signal.signal(signal.SIGTERM, self.previous_term)
         if exc[0] is None:
             self.check()  # a Ctrl-C after the last check still stops the run before anything is committed
 
@@ -132,7 +136,8 @@ class _ArrayWriter:
 
     def __init__(self, path_bin: Path, path_idx: Path, dtype: np.dtype):
         self.final = (path_bin, path_idx)
-        self.tmp = (path_bin.with_suffix(".bin.tmp"), path_idx.with_suffix(".idx.tmp"))
+        pid = os.getpid()  # two runs writing one directory never share a temp file
+        self.tmp = (path_bin.with_suffix(f".bin.{pid}.tmp"), path_idx.with_suffix(f".idx.{pid}.tmp"))
         self.dtype = dtype
         self.bin = open(self.tmp[0], "wb")
         self.idx = open(self.tmp[1], "wb")
@@ -196,6 +201,8 @@ def binarize(
         "splits": {},
     }
     writers: list[_ArrayWriter] = []
+    interrupts = Interrupts()  # SIGTERM, like Ctrl-C, stops the run and removes its temp files
+    interrupts.install()
     try:
         with (_EncodingPool(workers, tokenizer.model_bytes) if workers > 1 else contextlib.nullcontext()) as pool:
             for name, (src, tgt) in files.items():
@@ -213,6 +220,8 @@ def binarize(
         if created and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
+    finally:
+        interrupts.restore()
     return meta
 
 

@@ -412,7 +412,8 @@ def _ctrl_c(proc: subprocess.Popen) -> tuple[str, str]:
     return out, err
 
 
-def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path, signum):
     lines = b"".join(b"a b c d e f g h i j %d\n" % (i % 7) for i in range(600_000))
     write_pair(tmp_path, "big", lines, lines)
     out_dir = tmp_path / "bin"
@@ -427,7 +428,11 @@ def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path)
             return False
 
     assert _wait_for(started)
-    _, err = _ctrl_c(proc)
+    if signum == signal.SIGINT:
+        _, err = _ctrl_c(proc)  # a terminal's Ctrl-C: the whole group
+    else:
+        os.kill(proc.pid, signum)  # a scheduler's SIGTERM: the process it started
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     # one error line, and neither the parent nor a worker prints a traceback
     assert [line for line in err.splitlines() if line.startswith("error:")] == ["error: interrupted"], err
