@@ -126,13 +126,17 @@ class Trainer:
         self.job = job
         env = distributed.environment()
         self.lock = RunLock(job.save_dir)  # one run per SAVE_DIR (runlock.py); held by rank 0 until run() ends
+        save_dir = Path(job.save_dir)
+        created = not save_dir.exists()
         if env.rank == 0:
-            Path(job.save_dir).mkdir(parents=True, exist_ok=True)
+            save_dir.mkdir(parents=True, exist_ok=True)
             self.lock.acquire()
         try:
             self._set_up(job, env)
         except BaseException:
             self.lock.release()
+            if created and save_dir.is_dir() and not any(save_dir.iterdir()):
+                save_dir.rmdir()  # a run that never started leaves no empty directory behind
             raise
 
     def _set_up(self, job: TrainJob, env: distributed.Env) -> None:
