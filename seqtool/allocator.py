@@ -16,7 +16,7 @@ memory back between steps. Measured on the cpu-small int8 model (600 lines, beam
 
 It changes the whole process (as torch.set_num_threads does), so it is applied where decoding
 owns the process: `Translator.load` on CPU. Training leaves glibc's defaults alone (there the
-question is fragmentation, see linear.limit_primitive_cache).
+question is fragmentation, see kernels.limit_primitive_cache).
 """
 
 from __future__ import annotations

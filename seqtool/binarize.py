@@ -1,8 +1,7 @@
 """Parallel text -> memory-mapped token arrays.
 
-Owns DATA_DIR: for each split and language a flat token array SPLIT.LANG.bin (uint16 when the
-vocabulary fits, else int32) and its int64 offsets SPLIT.LANG.idx (n + 1 entries), plus
-meta.json and a copy of the tokenizer. Streams both sides in chunks, so memory stays flat as the
+Writes DATA_DIR in the format data.py defines and reads (per split and language a flat token
+array and its offsets, meta.json, a copy of the tokenizer). Streams both sides in chunks, so memory stays flat as the
 corpus grows; --workers encodes chunks in several processes while the parent writes in order.
 Every array is written under a temp name and renamed only when all splits succeeded, and
 meta.json comes last: an error or Ctrl-C leaves no file that looks complete.
@@ -13,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import os
 import json
 import multiprocessing as mp
 import signal
@@ -23,10 +23,12 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
-from .textio import InputError, atomic_write_bytes, find_split_file, read_lines
+from .data import FORMAT_VERSION, shard_paths, token_dtype
+from .errors import InputError, ResourceError
+from .interrupts import Interrupts
+from .textio import atomic_write_bytes, find_split_file, read_lines
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
-FORMAT_VERSION = 1
 CHUNK_LINES = 4096
 
 
@@ -34,10 +36,6 @@ CHUNK_LINES = 4096
 class SplitSpec:
     name: str  # train / valid / test
     prefix: str
-
-
-def token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
 
 
 # Worker side: each process loads the tokenizer once from bytes.
@@ -65,23 +63,32 @@ class _EncodingPool:
         self.workers = workers
         self.model_bytes = model_bytes
         self.interrupted = threading.Event()
-        self.previous = None
+        self.previous = self.previous_term = None
 
     def __enter__(self) -> "_EncodingPool":
         main = threading.current_thread() is threading.main_thread()  # only it may set handlers
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        others = {p.pid for p in mp.active_children()}
         try:
             self.pool = mp.get_context("spawn").Pool(self.workers, _init_worker, (self.model_bytes,))
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)
-        if main:
+        if main:  # SIGTERM too: it also stops the run with its temp files removed
             self.previous = signal.signal(signal.SIGINT, lambda signum, frame: self.interrupted.set())
+            self.previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: self.interrupted.set())
+        # the pool's worker processes: one that dies takes its chunk with it, and Pool would wait
+        # for that result forever
+        self.worker_pids = {p.pid for p in mp.active_children()} - others
         return self
 
     def check(self) -> None:
         if self.interrupted.is_set():
             raise KeyboardInterrupt
+        dead = self.worker_pids - {p.pid for p in mp.active_children()}
+        if dead:
+            raise ResourceError(f"a --workers process (PID {min(dead)}) died: killed, or out of memory; nothing was "
+                                f"written; run again, with fewer --workers if memory is short")
 
     def submit(self, lines: list[str]):
         self.check()
@@ -97,6 +104,7 @@ class _EncodingPool:
         self.pool.terminate()
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+            signal.signal(signal.SIGTERM, self.previous_term)
         if exc[0] is None:
             self.check()  # a Ctrl-C after the last check still stops the run before anything is committed
 
@@ -128,7 +136,8 @@ class _ArrayWriter:
 
     def __init__(self, path_bin: Path, path_idx: Path, dtype: np.dtype):
         self.final = (path_bin, path_idx)
-        self.tmp = (path_bin.with_suffix(".bin.tmp"), path_idx.with_suffix(".idx.tmp"))
+        pid = os.getpid()  # two runs writing one directory never share a temp file
+        self.tmp = (path_bin.with_suffix(f".bin.{pid}.tmp"), path_idx.with_suffix(f".idx.{pid}.tmp"))
         self.dtype = dtype
         self.bin = open(self.tmp[0], "wb")
         self.idx = open(self.tmp[1], "wb")
@@ -192,6 +201,8 @@ def binarize(
         "splits": {},
     }
     writers: list[_ArrayWriter] = []
+    interrupts = Interrupts()  # SIGTERM, like Ctrl-C, stops the run and removes its temp files
+    interrupts.install()
     try:
         with (_EncodingPool(workers, tokenizer.model_bytes) if workers > 1 else contextlib.nullcontext()) as pool:
             for name, (src, tgt) in files.items():
@@ -209,6 +220,8 @@ def binarize(
         if created and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
+    finally:
+        interrupts.restore()
     return meta
 
 
@@ -216,7 +229,7 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
     """Write one split under temp names; the writers join all_writers, which the caller commits."""
     writers = []
     for lang in (src_lang, tgt_lang):
-        writers.append(_ArrayWriter(out_dir / f"{name}.{lang}.bin", out_dir / f"{name}.{lang}.idx", dtype))
+        writers.append(_ArrayWriter(*shard_paths(out_dir, name, lang), dtype))
         all_writers.append(writers[-1])
     unk = [0, 0]
     try:

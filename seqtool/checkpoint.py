@@ -11,7 +11,9 @@ pruned here.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 import os
 import pickle
 import re
@@ -22,9 +24,36 @@ from typing import Any, Optional
 import torch
 
 from .config import ModelConfig
-from .textio import InputError, atomic_write
+from .errors import InputError
+from .textio import atomic_write
 
 FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """Where a training run is. last.pt holds it as train_state["progress"] (state_dict()), and a
+    resumed run continues from it (load_state_dict())."""
+
+    updates: int = 0
+    epoch: int = 1  # the epoch being trained (1-based)
+    batch_in_epoch: int = 0  # updates made in the current epoch (each of update_freq x ranks batches)
+    train_seconds: float = 0.0  # wall clock trained, validation included, over every resume
+    train_tokens: int = 0  # target tokens trained on, all ranks
+    best_valid_loss: float = math.inf
+    last_valid_loss: float = math.nan
+    best_metric_value: Optional[float] = None  # of --best-metric (validate.EarlyStopping sets its start)
+    bad_validations: int = 0  # validations in a row without improving it
+    skipped_updates: int = 0  # fp16 overflows
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """The saved values of the fields this version knows (a file from an older one lacks some)."""
+        for f in dataclasses.fields(self):
+            if f.name in saved:
+                setattr(self, f.name, saved[f.name])
 
 
 def weights_sha256(state: dict[str, torch.Tensor]) -> str:
@@ -69,6 +98,35 @@ def save(checkpoint: dict[str, Any], path: Path) -> None:
 
 _NUMBERED = re.compile(r"^checkpoint_u(\d+)\.pt$")
 _TEMP = re.compile(r"^\..+\.pt\.tmp(\d+)$")
+
+
+def pack_train_state(optimizer, scaler, state: TrainingState, rngs: list, world_size: int, ema, device: torch.device) -> dict[str, Any]:
+    """What last.pt holds beyond the weights so that a run resumes exactly: the optimizer and fp16
+    loss-scaler states, every rank's RNG state (rank 0's also as rng_cpu/rng_cuda), the world size,
+    the TrainingState and the weight average."""
+    return {
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+        "rng_cpu": torch.get_rng_state(),
+        "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "rng_ranks": rngs,
+        "world_size": world_size,
+        "progress": state.state_dict(),
+        "ema": ema.state_dict() if ema is not None else None,
+    }
+
+
+def unpack_train_state(train_state: dict[str, Any], optimizer, scaler, state: TrainingState, ema) -> tuple[list, int]:
+    """pack_train_state's inverse for what lives in objects; returns every saved rank's RNG state and
+    the world size it was saved by (the caller sets its rank's RNG and adapts the position)."""
+    optimizer.load_state_dict(train_state["optimizer"])
+    if train_state.get("scaler"):
+        scaler.load_state_dict(train_state["scaler"])
+    state.load_state_dict(train_state["progress"])
+    if ema is not None and train_state.get("ema"):  # (a run saved without one starts its average now)
+        ema.load_state_dict(train_state["ema"])
+    rngs = train_state.get("rng_ranks") or [{"cpu": train_state["rng_cpu"], "cuda": train_state.get("rng_cuda")}]
+    return rngs, train_state.get("world_size", 1)
 
 
 def numbered_path(save_dir: Path, updates: int) -> Path:

@@ -16,7 +16,7 @@ from typing import Annotated, Callable, Optional
 
 import typer
 
-from .config import ConfigError
+from .errors import ConfigError
 
 app = typer.Typer(
     name="seqtool",
@@ -59,14 +59,14 @@ def handles_user_errors(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        from .textio import InputError
+        from .errors import SeqtoolError, exit_code
 
         try:
             return fn(*args, **kwargs)
-        except (InputError, ConfigError) as error:
-            _fail(str(error))
+        except SeqtoolError as error:
+            _fail(str(error), exit_code(error))
         except KeyboardInterrupt:
-            _fail("interrupted", 130)
+            _fail("interrupted", exit_code(KeyboardInterrupt()))
         except BrokenPipeError:
             # The reader went away (e.g. `| head -1`): stop quietly, and keep Python's exit-time
             # flush from complaining about the closed stdout.
@@ -98,14 +98,14 @@ def train_tokenizer_cmd(
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Number of pieces.")] = 8000,
     model_type: Annotated[str, typer.Option("--model-type", help="bpe or unigram.")] = "bpe",
     character_coverage: Annotated[float, typer.Option("--character-coverage", help="Share of characters covered.")] = 1.0,
-    input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Sample this many lines (0 = all).")] = 0,
+    input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Train on a uniform sample of this many lines (0 = all; memory grows with it).")] = 1_000_000,
     byte_fallback: Annotated[bool, typer.Option("--byte-fallback", help="Unknown characters become bytes, not <unk>.")] = False,
     threads: Annotated[int, typer.Option("--threads", help="sentencepiece threads.")] = 2,
     force: Force = False,
 ):
     """Train a sentencepiece tokenizer (BPE or unigram) on raw text."""
     from .config import TokenizerConfig
-    from .textio import InputError
+    from .errors import InputError
     from .tokenizer import train_tokenizer
 
     config = TokenizerConfig(vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
@@ -189,6 +189,7 @@ def train(
     train_prefix: Annotated[Optional[str], typer.Option("--train", help="Raw training files prefix.")] = None,
     valid_prefix: Annotated[Optional[str], typer.Option("--valid", help="Raw validation files prefix.")] = None,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Tokenizer size when training on raw files.")] = 8000,
+    input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Raw files: the tokenizer trains on a sample of this many lines (0 = all).")] = 1_000_000,
     workers: Workers = 1,
     force: Annotated[bool, typer.Option("--force", help="Start a new run in a SAVE_DIR that holds another (replaces its checkpoints).")] = False,
 ):
@@ -238,7 +239,7 @@ def train(
     if data_dir is None:
         if not (src and tgt and train_prefix and valid_prefix):
             raise ConfigError("give a DATA_DIR, or raw files with --src, --tgt, --train and --valid")
-        raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size), workers)
+        raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size, input_sentence_size=input_sentence_size), workers)
     elif train_prefix or valid_prefix:
         raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
     job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),
@@ -300,12 +301,19 @@ def translate(
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is not None:
-        from .textio import InputError, check_output_file
+        from .errors import InputError
+        from .textio import check_output_file
+
+        from .interrupts import Interrupts
 
         check_output_file(output)
-        if output.exists() and input is not None and output.resolve() == input.resolve():
-            raise InputError(f"{output}: --output is the --input file; write somewhere else")
-        tmp = output.with_name(f".{output.name}.partial")
+        inputs = [("--input", input), ("--target", target)] + [("--checkpoint", c) for c in checkpoint]
+        for option, path in inputs:
+            if path is not None and output.exists() and Path(path).exists() and os.path.samefile(output, path):
+                raise InputError(f"{output}: --output is the {option} file; write somewhere else")
+        tmp = output.with_name(f".{output.name}.{os.getpid()}.partial")  # two runs never share one
+        interrupts = Interrupts()  # SIGTERM, like Ctrl-C, ends the run here: the partial file goes
+        interrupts.install()
         try:
             with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
                 translate_file(checkpoints, config, input, handle)
@@ -314,6 +322,7 @@ def translate(
             error.filename = error.filename or str(output)  # e.g. a full disk: name the output, not nothing
             raise
         finally:
+            interrupts.restore()
             tmp.unlink(missing_ok=True)
     else:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
@@ -425,7 +434,7 @@ def average(
 ):
     """Average the weights of several checkpoints into one."""
     from .checkpoint import average as run
-    from .textio import InputError
+    from .errors import InputError
 
     if output.exists() and not force:
         raise InputError(f"{output}: already exists; pass --force to replace it")

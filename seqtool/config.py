@@ -8,14 +8,15 @@ data: ``to_dict`` gives JSON/TOML-safe values, ``from_dict`` rejects unknown key
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A setting that cannot work; the message says which and why."""
+from .errors import ConfigError
 
 
 class _Config:
@@ -25,15 +26,61 @@ class _Config:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"{cls.__name__}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any], where: str = ""):
+        """The config of these settings; unknown keys and values of the wrong type are refused,
+        naming `where` (e.g. "run.toml: [train]") and the key."""
+        return cls(**checked_settings(cls, data, where or cls.__name__))
 
     def replace(self, **changes):
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def checked_settings(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """data's keys must be fields of the dataclass cls and its values of their types (an int is a
+    valid float; a list of the right length a valid tuple, returned as one)."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls) if f.init}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    out = {}
+    for key, value in data.items():
+        if not _conforms(value, hints[key]):
+            raise ConfigError(f"{where}: {key} = {value!r}: expected {_describe(hints[key])}")
+        if typing.get_origin(hints[key]) is tuple:
+            value = tuple(value)
+        elif hints[key] is str and isinstance(value, os.PathLike):
+            value = str(value)
+        out[key] = value
+    return out
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, (str, os.PathLike))
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and len(value) == len(args) and all(map(_conforms, value, args))
+    return True  # anything else is the dataclass's own check
+
+
+def _describe(hint: Any) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is tuple:
+        return f"a list of {len(args)} " + ("numbers" if all(a in (int, float) for a in args) else "values")
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "nothing"}.get(hint, str(hint))
 
 
 def _check(condition: bool, message: str) -> None:
@@ -46,7 +93,9 @@ class TokenizerConfig(_Config):
     vocab_size: int = 8000
     model_type: str = "bpe"
     character_coverage: float = 1.0
-    input_sentence_size: int = 0  # 0 = use every sentence; else sample this many
+    # sentencepiece keeps a uniform sample of this many lines (seeded), so memory is bounded by the
+    # setting, not by the corpus; 0 = every line
+    input_sentence_size: int = 1_000_000
     byte_fallback: bool = False
     threads: int = 2
     seed: int = 1
@@ -171,6 +220,7 @@ class TrainConfig(_Config):
         _check(self.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
         _check(self.max_updates >= 0 and self.max_epochs >= 0 and self.max_time >= 0, "limits must be >= 0")
         _check(0.0 <= self.ema_decay < 1.0, f"--ema-decay must be in [0, 1) (0 = off), got {self.ema_decay}")
+        _check(0 <= self.seed < 2 ** 32, f"--seed must be between 0 and 2^32 - 1, got {self.seed}")
 
 
 @dataclass(frozen=True)
@@ -183,7 +233,7 @@ class DecodeConfig(_Config):
     max_tokens: int = 0  # 0 = only --batch-size limits a batch
     batch_size: int = 64
     print_scores: bool = False
-    print_alignment: bool = False  # hard alignment from encoder-decoder attention (attention.py)
+    print_alignment: bool = False  # hard alignment from encoder-decoder attention (alignment.py)
     alignment_layer: int = 0  # 1-based decoder layer for --print-alignment; 0 = the last
     device: str = "auto"
     precision: str = "auto"  # auto (device.py): bf16 on CPUs with bf16 instructions, else fp32; bf16 / fp16 (CUDA): weights cast once, see precision.py
@@ -198,7 +248,7 @@ class DecodeConfig(_Config):
     topp: float = 1.0  # ... and among the nucleus of this probability mass; 1.0 = all
     temperature: float = 1.0
     seed: int = 1  # same seed, same samples (whatever the batching: see search.py)
-    score_reference: bool = False  # score the lines of `target` instead of translating (reference.py)
+    score_reference: bool = False  # score the lines of `target` instead of translating (reference_score.py)
     target: str = ""  # --target FILE: one reference per input line
 
     def __post_init__(self):
@@ -270,6 +320,16 @@ def read_toml(path: Path) -> dict[str, Any]:
     unknown = sorted(set(data) - {"model", "optim", "train", "arch"})
     if unknown:
         raise ConfigError(f"{path}: unknown table(s) {', '.join(unknown)}; use [model], [optim], [train]")
+    if "arch" in data and not (isinstance(data["arch"], str) and data["arch"] in PRESETS):
+        raise ConfigError(f"{path}: arch = {data['arch']!r}: expected one of {', '.join(PRESETS)}")
+    train = data.get("train")
+    if isinstance(train, dict) and isinstance(train.get("max_time"), str):  # max_time = "20m", as --max-time takes
+        train["max_time"] = parse_duration(train["max_time"])
+    for table, cls in (("model", ModelConfig), ("optim", OptimConfig), ("train", TrainConfig)):
+        if table in data:
+            if not isinstance(data[table], dict):
+                raise ConfigError(f"{path}: {table} must be a table ([{table}]), got {data[table]!r}")
+            data[table] = checked_settings(cls, data[table], f"{path}: [{table}]")
     return data
 
 

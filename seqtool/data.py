@@ -15,8 +15,22 @@ from typing import Optional
 
 import numpy as np
 
-from .binarize import FORMAT_VERSION
-from .textio import InputError
+from .errors import InputError
+
+# The DATA_DIR format (binarize writes it, this module reads it): meta.json with format_version,
+# languages, vocabulary size, token dtype and per-split counts; for each split and language a flat
+# token array SPLIT.LANG.bin and its int64 offsets SPLIT.LANG.idx (n + 1 entries).
+FORMAT_VERSION = 1
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 when every id fits, else int32."""
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+def shard_paths(data_dir: Path, split: str, lang: str) -> tuple[Path, Path]:
+    """The token array and offsets of one side of one split."""
+    return Path(data_dir) / f"{split}.{lang}.bin", Path(data_dir) / f"{split}.{lang}.idx"
 
 
 def read_meta(data_dir: Path) -> dict:
@@ -62,8 +76,8 @@ class ParallelDataset:
         if split not in meta["splits"]:
             raise InputError(f"{data_dir}: has no {split!r} split (it has {', '.join(meta['splits'])})")
         s, t, dtype = meta["src_lang"], meta["tgt_lang"], meta["dtype"]
-        self.src = TokenArray(data_dir / f"{split}.{s}.bin", data_dir / f"{split}.{s}.idx", dtype)
-        self.tgt = TokenArray(data_dir / f"{split}.{t}.bin", data_dir / f"{split}.{t}.idx", dtype)
+        self.src = TokenArray(*shard_paths(data_dir, split, s), dtype)
+        self.tgt = TokenArray(*shard_paths(data_dir, split, t), dtype)
         if len(self.src) != len(self.tgt):
             raise InputError(f"{data_dir}: split {split!r} has {len(self.src)} source but {len(self.tgt)} target lines; binarize again")
 

@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from . import log
-from .config import ConfigError
+from .errors import ConfigError
 
 AVX2_BF16_SLOWDOWN = "cpu-small training measured 54 target tokens/s in bf16 against ~2,000 in fp32 on an AVX2 CPU"
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from . import log
-from .config import ConfigError
+from .errors import ConfigError
 
 FAULT_ENV = "SEQTOOL_FAULT"
 
@@ -97,6 +97,7 @@ class Group:
         self.device, self.timeout = device, timeout
         self.is_main = env.rank == 0
         self._host_group: Any = None  # gloo group for Python objects and counts (the default one on CPU)
+        self._patient_group: Any = None  # gloo group whose barrier has no practical timeout
 
     # ---- set-up ------------------------------------------------------------------------
     def start(self) -> "Group":
@@ -111,6 +112,7 @@ class Group:
             dist.init_process_group(backend, timeout=timeout, **kwargs)
             if backend == "nccl":  # host-side values travel over gloo: no GPU sync for a count
                 self._host_group = dist.new_group(backend="gloo", timeout=timeout)
+            self._patient_group = dist.new_group(backend="gloo", timeout=timedelta(days=7))  # barrier(patient=True)
         except (RuntimeError, ValueError) as error:
             raise DistributedError(
                 f"rank {self.rank}: could not join the other {self.world_size - 1} process(es) within --dist-timeout "
@@ -177,6 +179,28 @@ class Group:
             dist.gather_object(value, out, dst=0, group=self._host_group)
         return out
 
+    def sum_floats(self, values: list[float]) -> list[float]:
+        """The element-wise sums over all ranks (float64), the same on every rank."""
+        if self.world_size == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64)
+        with self.guard("adding up validation figures"):
+            dist.all_reduce(t, group=self._host_group)
+        return t.tolist()
+
+    def all_gather(self, value: Any) -> list:
+        """Every rank's value, in rank order, on every rank."""
+        if self.world_size == 1:
+            return [value]
+        import torch.distributed as dist
+
+        out: list = [None] * self.world_size
+        with self.guard("gathering validation results"):
+            dist.all_gather_object(out, value, group=self._host_group)
+        return out
+
     def check_same(self, value: Any, what: str) -> None:
         """Stop when ranks see different things (e.g. a SAVE_DIR that is not shared by all nodes)."""
         if self.world_size == 1:
@@ -190,13 +214,15 @@ class Group:
             seen = ", ".join(f"rank {r}: {v!r}" for r, v in enumerate(values))
             raise DistributedError(f"the processes disagree on {what} ({seen})")
 
-    def barrier(self, what: str = "waiting for the other processes") -> None:
+    def barrier(self, what: str = "waiting for the other processes", patient: bool = False) -> None:
+        """Wait for every rank. patient=True: without --dist-timeout (rank 0 preparing data can take
+        longer than any collective should; a rank that fails exits, and torchrun stops the rest)."""
         if self.world_size == 1:
             return
         import torch.distributed as dist
 
         with self.guard(what):
-            dist.barrier(group=self._host_group)
+            dist.barrier(group=self._patient_group if patient else self._host_group)
 
 
 class _Guard:

@@ -3,7 +3,7 @@
 Owns combining models at decoding time and loading the checkpoints of an ensemble. At every step
 the next-token distribution is the mean of the members' probabilities, returned as log-probabilities:
 log(1/M sum_m p_m) = logsumexp_m(log p_m) - log M. `Ensemble` offers the decoder interface that
-search.py and reference.py use (`config`, `encode`, `new_cache`, `decode`, and a cache with
+search.py and reference_score.py use (`config`, `encode`, `new_cache`, `decode`, and a cache with
 `reorder`), so greedy search, beam search, sampling and reference scoring run an ensemble exactly
 as they run one model. Each member keeps its own KV cache; `EnsembleCache.reorder` moves them
 all together, so beams and finished sentences stay aligned across members.
@@ -12,6 +12,7 @@ all together, so beams and finished sentences stay aligned across members.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -20,7 +21,7 @@ from torch import Tensor
 
 from . import checkpoint, precision
 from .config import ModelConfig
-from .textio import InputError
+from .errors import InputError
 
 
 class EnsembleCache:
@@ -80,24 +81,46 @@ class Ensemble:
         return torch.logsumexp(torch.stack(lprobs), dim=0) - self.log_m  # (B, T, V)
 
 
+@dataclass
+class Header:
+    """A model's settings without its weights (ids, positions): all that the parent of decoding
+    workers needs, as it decodes nothing itself."""
+
+    config: ModelConfig
+
+
+def load_header(paths: Sequence[Path]) -> tuple[Header, bytes]:
+    """The first checkpoint's ModelConfig and the tokenizer bytes the checkpoints share (checked as
+    load() checks them); no model is built, and each file's tensors are dropped as it is read."""
+    configs, tokenizer = _read(paths, lambda ckpt: ModelConfig.from_dict(ckpt["model_config"]))
+    return Header(configs[0]), tokenizer
+
+
 def load(paths: Sequence[Path], device: torch.device, precision_name: str = "fp32", quantize: str = "none"):
     """The model of one checkpoint, or the Ensemble of several, each in its decoding precision;
     and the tokenizer bytes they share. Checkpoints whose tokenizers differ are refused, naming
     both files (their token ids would mean different pieces)."""
+    models, tokenizer = _read(paths, lambda ckpt: precision.prepare(checkpoint.load_model(ckpt, device), device, precision_name, quantize))
+    if len(models) == 1:
+        return models[0], tokenizer
+    return Ensemble(models, [str(p) for p in paths]), tokenizer
+
+
+def _read(paths: Sequence[Path], take) -> tuple[list, bytes]:
+    """take(checkpoint) of each file, one checkpoint's tensors in memory at a time; checkpoints whose
+    tokenizers differ are refused, naming both files (their token ids would mean different pieces)."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("give at least one --checkpoint")
-    models, tokenizer = [], b""
+    out, first = [], b""
     for i, path in enumerate(paths):
         ckpt = checkpoint.load(path)
         ours = checkpoint.tokenizer_bytes(ckpt)
         if i == 0:
-            tokenizer = ours
-        elif ours != tokenizer:
+            first = ours
+        elif ours != first:
             raise InputError(f"{path}: its tokenizer differs from {paths[0]}'s; the checkpoints of an ensemble must "
                              "share one tokenizer (train them on one DATA_DIR)")
-        models.append(precision.prepare(checkpoint.load_model(ckpt, device), device, precision_name, quantize))
-        del ckpt  # one checkpoint's tensors in memory at a time, beside the models
-    if len(models) == 1:
-        return models[0], tokenizer
-    return Ensemble(models, [str(p) for p in paths]), tokenizer
+        out.append(take(ckpt))
+        del ckpt
+    return out, first

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import checkpoint
-from .config import ConfigError
-from .textio import InputError
+from .errors import ConfigError, InputError
 
 FORMATS = ("ctranslate2",)
 # Weight types CTranslate2 can store (its converters' --quantization); None keeps float32.
 CT2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 BANNED_LOGIT_BIAS = -1e4  # finite, so float16/bfloat16 storage keeps it; exp() of it is 0 in float32
 SPM_FILENAME = "sentencepiece.model"
+MARKER = ".seqtool-export"  # written into every exported directory: --force replaces only such directories
 
 
 def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force: bool = False,
@@ -40,6 +40,8 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise InputError(f"{out_dir}: already exists; pass --force to replace it")
+    if out_dir.exists():
+        check_replaceable(out_dir)
     try:
         import ctranslate2  # noqa: F401
     except ImportError:
@@ -51,11 +53,23 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
         build = tmp / "model"
         _convert(ckpt, build, quantization)
         (build / SPM_FILENAME).write_bytes(checkpoint.tokenizer_bytes(ckpt))
+        (build / MARKER).write_text(f"written by seqtool export from {Path(checkpoint_path).resolve()}\n")
         _replace_dir(build, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     return out_dir
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """--force replaces a directory seqtool export wrote (it holds MARKER) or an empty one; anything
+    else is the user's, and is refused (a run directory, a home directory, another tool's model)."""
+    if not out_dir.is_dir():
+        raise InputError(f"{out_dir}: exists and is not a directory; --force replaces only a directory seqtool export wrote")
+    if (out_dir / MARKER).is_file() or not any(out_dir.iterdir()):
+        return
+    raise InputError(f"{out_dir}: was not written by seqtool export (no {MARKER} in it), so --force will not replace it; "
+                     f"choose another OUT_DIR or remove it yourself")
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -17,8 +17,10 @@ from typing import Any
 import torch
 
 from . import checkpoint
-from .config import ConfigError, ModelConfig
-from .textio import InputError, atomic_write_bytes
+from .errors import ConfigError
+from .config import ModelConfig
+from .errors import InputError
+from .textio import atomic_write_bytes
 from .tokenizer import Tokenizer
 
 # Model settings a fine-tuning run may change: regularisation only; everything else shapes the weights.

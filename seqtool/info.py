@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from rich import filesize
+
 from . import checkpoint
 from .tokenizer import Tokenizer
 
@@ -51,7 +53,7 @@ class CheckpointInfo:
         return json.dumps(_finite(data), indent=2)
 
     def to_text(self) -> str:
-        rows = [("file", f"{self.path} ({_size(self.file_bytes)})"),
+        rows = [("file", f"{self.path} ({filesize.decimal(self.file_bytes)})"),
                 ("format", f"version {self.format_version}"),
                 ("contents", self.kind),
                 ("parameters", f"{self.parameters:,}"),
@@ -99,14 +101,6 @@ def describe(path: Path) -> CheckpointInfo:
         vocab_size=tokenizer.vocab_size, tokenizer_sha256=ckpt.get("tokenizer_sha256", ""),
         configs=ckpt["configs"], progress=dict(progress), valid=valid, averaged_from=ckpt.get("averaged_from"),
     )
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
 
 
 def _number(value: Any) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .linear import matmul_t
+from .kernels import matmul_t
 
 ROWS_BYTES = 16 << 20  # float32 probabilities per block (16 MiB: under glibc's mmap ceiling, so reused)
 MIN_ROWS = 64

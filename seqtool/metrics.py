@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import ConfigError
+from .errors import ConfigError
 
 # Record keys written as TensorBoard scalars, per kind of record (other keys stay in the JSON only).
 SCALARS = {
@@ -73,3 +73,27 @@ def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
+
+
+class ThroughputWindow:
+    """The loss, NLL and target tokens of the updates since the last log line, and the figures
+    they give. Losses stay tensors until record(): the loop's only host sync is once per log
+    interval, not once per update."""
+
+    def __init__(self, now: float):
+        self.reset(now)
+
+    def reset(self, now: float) -> None:
+        self.start, self.tokens, self.all_tokens = now, 0, 0  # this rank's and every rank's tokens
+        self.loss: Any = 0.0
+        self.nll: Any = 0.0
+
+    def add(self, loss: Any, nll: Any, tokens: int, all_tokens: int) -> None:
+        self.loss, self.nll = self.loss + loss, self.nll + nll
+        self.tokens += tokens
+        self.all_tokens += all_tokens
+
+    def figures(self, now: float) -> tuple[float, float, float]:
+        """(loss, NLL) per target token of this rank, and every rank's target tokens per second."""
+        tokens = max(self.tokens, 1)
+        return float(self.loss) / tokens, float(self.nll) / tokens, self.all_tokens / max(now - self.start, 1e-9)

@@ -15,7 +15,6 @@ V vocabulary. Surface (as the Annotated Transformer's):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -23,7 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
-from .linear import linear, linear_relu
+from .kernels import dropout, linear, linear_relu, residual_dropout
+from .cache import KVCache
 
 
 def sinusoidal_positions(n: int, d: int) -> Tensor:
@@ -36,143 +36,12 @@ def sinusoidal_positions(n: int, d: int) -> Tensor:
     return pe
 
 
-@dataclass
-class KVCache:
-    """Per decoder layer: self-attention keys/values so far, and the encoder's projected keys/values.
-
-    Rows are decoder rows: sentences x `group` (beams, or samples), a sentence's rows adjacent.
-    The cross-attention keys/values are kept once per sentence, not once per row: a sentence's
-    beams attend to them as one group of queries, so each step reads them once instead of
-    `group` times. `reorder(index, group=G)` regroups: beam search decodes its first step with one
-    row per sentence (every beam starts from the same BOS) and then makes G rows of each.
-
-    The self-attention keys/values of a layer are a view (B, H, capacity, K) into a flat buffer,
-    positions [:steps] filled; a step writes its position in place (no torch.cat copy of the
-    whole history per step). `reorder(index)` keeps row index[i] as row i: beam search calls it
-    every step with the parent of each surviving hypothesis, and with a shorter index when
-    finished sentences leave the batch (then `cross=True`, as the sentences change too).
-
-    The self-attention rows are gathered lazily: reorder only records the index (composing it
-    with one not yet applied), and each layer gathers its own keys/values at its next `append`,
-    right before its attention reads them. The gathered copy (megabytes per layer) is then still
-    in the CPU's caches when the matrix products read it; gathering every layer at once, as
-    reorder did before, left them to come back from memory (int8 beam search, interleaved A/Bs
-    on the noisy 2-core benchmark machine: +8% to +18% in the median). The gather goes into a
-    second flat buffer (the two swap roles, so no step allocates) laid out with capacity
-    steps + 1, exactly what the next step fills: attention then reads whole contiguous
-    (B, H, t, K) blocks, which CPU batched matmul reads about 2x faster than views with spare
-    capacity in between (measured at 320 rows, 30 positions). Without reorders (greedy), a full
-    buffer grows by GROW positions. An index that splits a sentence's group (a sample that ends
-    before its siblings) turns the cross keys/values into one copy per row (group 1).
-    """
-
-    cross_k: list[Tensor] = field(default_factory=list)  # each (B / group, H, S, K)
-    cross_v: list[Tensor] = field(default_factory=list)
-    src_pad: Optional[Tensor] = None  # (B / group, S) True at padding
-    group: int = 1  # decoder rows per sentence
-    dtype: Optional[torch.dtype] = None  # of the stored keys/values (see Transformer.new_cache)
-    steps: int = 0  # target positions already consumed
-    self_k: list[Tensor] = field(default_factory=list)  # each (B, H, capacity, K), a view into flat_k
-    self_v: list[Tensor] = field(default_factory=list)
-    flat_k: list[Tensor] = field(default_factory=list)  # 1-D storage behind self_k
-    flat_v: list[Tensor] = field(default_factory=list)
-    spare_k: list[Tensor] = field(default_factory=list)  # 1-D storage that reorder gathers into
-    spare_v: list[Tensor] = field(default_factory=list)
-    pending: Optional[Tensor] = None  # a reorder not yet applied to the self-attention keys/values
-    unsettled: list[int] = field(default_factory=list)  # layers it has not been applied to
-    key_bias: Optional[Tensor] = None  # (B / group * H, 1, S) 0 or -inf at padding; see padding_bias
-
-    GROW = 32  # positions added when a buffer is full: at most 32 unused positions per row
-
-    @staticmethod
-    def _view(flat: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
-        """`shape` viewed over the front of `flat`, which is replaced by a larger one if too small."""
-        n = math.prod(shape)
-        if flat.numel() < n:
-            flat = flat.new_empty(n + n // 4)  # room for a few more positions before the next allocation
-        return flat, flat[:n].view(shape)
-
-    def append(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new positions' keys/values (B, H, T, K); return all so far (B, H, steps + T, K)."""
-        B, H, T, K = k.shape
-        t = self.steps
-        if self.pending is not None and layer in self.unsettled:
-            self._settle(layer)
-        if layer == len(self.self_k):  # first call for this layer
-            empty = k.new_empty(0, dtype=self.dtype or k.dtype)
-            for flats, views in ((self.flat_k, self.self_k), (self.flat_v, self.self_v)):
-                flat, view = self._view(empty, (B, H, t + T + self.GROW, K))
-                flats.append(flat)
-                views.append(view)
-            self.spare_k.append(empty)
-            self.spare_v.append(empty)
-        elif t + T > self.self_k[layer].size(2):  # full: copy into a larger buffer
-            for flats, views, spares in ((self.flat_k, self.self_k, self.spare_k), (self.flat_v, self.self_v, self.spare_v)):
-                old = views[layer]
-                spare, view = self._view(spares[layer], (B, H, t + T + self.GROW, K))
-                view[:, :, :t] = old[:, :, :t]
-                spares[layer], flats[layer], views[layer] = flats[layer], spare, view
-        kb, vb = self.self_k[layer], self.self_v[layer]
-        kb[:, :, t : t + T] = k  # (cast to the cache's dtype)
-        vb[:, :, t : t + T] = v
-        return kb[:, :, : t + T], vb[:, :, : t + T]
-
-    def reorder(self, index: Tensor, cross: bool = True, group: Optional[int] = None) -> None:
-        if self.self_k:  # gathered lazily, layer by layer, by the next append (see the class docstring)
-            self.pending = index if self.pending is None else self.pending.index_select(0, index)
-            self.unsettled = list(range(len(self.self_k)))
-        if cross:
-            self._reorder_cross(index, group or self.group)
-
-    def _settle(self, layer: int) -> None:
-        """Apply the pending reorder to one layer's keys/values, into a buffer with room for the next step."""
-        index, t = self.pending, self.steps
-        n = index.numel()
-        for flats, views, spares in ((self.flat_k, self.self_k, self.spare_k), (self.flat_v, self.self_v, self.spare_v)):
-            src = views[layer]
-            spare, dst = self._view(spares[layer], (n, src.size(1), t + 1, src.size(3)))  # room for the next step
-            torch.index_select(src[:, :, :t], 0, index, out=dst[:, :, :t])
-            spares[layer], flats[layer], views[layer] = flats[layer], spare, dst
-        self.unsettled.remove(layer)
-        if not self.unsettled:
-            self.pending = None
-
-    def padding_bias(self, heads: int) -> Optional[Tensor]:
-        """(B / group * heads, 1, S): 0 where the source may be attended, -inf at its padding; added
-        to the cross-attention scores of a decoding step. Built once per set of sentences instead
-        of a mask per layer and step."""
-        if self.src_pad is None:
-            return None
-        if self.key_bias is None:
-            bias = torch.zeros(self.src_pad.shape, dtype=self.dtype, device=self.src_pad.device)
-            self.key_bias = bias.masked_fill_(self.src_pad, float("-inf"))[:, None, :].repeat_interleave(heads, dim=0)
-        return self.key_bias
-
-    def _reorder_cross(self, index: Tensor, group: int) -> None:
-        """Cross keys/values for the new rows, one copy per `group` new rows when each such group
-        comes from one sentence (beam search's first step turns 1 row per sentence into `group`)."""
-        sentence = index // self.group  # (n,) the sentence each new row belongs to
-        self.group = group
-        if group > 1:
-            whole = index.numel() % group == 0 and bool((sentence.view(-1, group) == sentence.view(-1, group)[:, :1]).all())
-            if whole:  # every new group of rows comes from one sentence: keep one copy per sentence
-                sentence = sentence.view(-1, group)[:, 0]
-            else:  # rows leave one at a time: one copy of the cross keys/values per row from now on
-                self.group = 1
-        self.cross_k = [k.index_select(0, sentence) for k in self.cross_k]
-        self.cross_v = [v.index_select(0, sentence) for v in self.cross_v]
-        if self.src_pad is not None:
-            self.src_pad = self.src_pad.index_select(0, sentence)
-        self.key_bias = None
-
-
 class MultiHeadAttention(nn.Module):
     """softmax(Q K^T / sqrt(K)) V per head; heads concatenated and projected by W^O.
 
-    The fused path uses F.scaled_dot_product_attention (flash / memory-efficient kernels where
-    available). need_weights=True computes the softmax explicitly and also returns the weights
-    (B, H, Tq, Tk): the same projections, so pictures show what translation used.
-    A cached decoding step on CPU takes _step_attention: three batched products, no masks built.
+    forward = project -> attend -> merge heads. attention_path() picks how attention is computed (three
+    equal computations, each the fastest where it is chosen). need_weights=True also returns the
+    weights (B, H, Tq, Tk): the same projections, so pictures show what translation used.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float, cross: bool):
@@ -206,58 +75,82 @@ class MultiHeadAttention(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, Optional[Tensor]]:
         B, T, D = x.shape
-        G = 1  # decoder rows per sentence sharing one copy of the encoder's keys/values
-        if self.cross:
-            q = self._heads(linear(x, self.q_proj))  # (B, H, T, K)
-            if cache is not None:  # projected once per sentence by new_cache()
-                k, v = cache.cross_k[layer], cache.cross_v[layer]  # (B/G, H, S, K)
-                G = cache.group
-                if G > 1:  # a sentence's G rows become G*T queries of one attention call
-                    q = q.view(B // G, G, self.h, T, self.k).transpose(1, 2).reshape(B // G, self.h, G * T, self.k)
-            else:
-                k, v = self.project_kv(memory)
-        else:
-            q, k, v = (self._heads(t) for t in linear(x, self.qkv_proj).chunk(3, dim=-1))  # (B, H, T, K)
-            if cache is not None:
-                k, v = cache.append(layer, k, v)  # (B, H, t+T, K)
-        if cache is not None and not (need_weights or self.training) and x.device.type == "cpu" and (self.cross or T == 1):
+        q, k, v, G = self._project(x, memory, cache, layer)  # (B/G, H, G*T, K), (B/G, H, Tk, K) x 2
+        path = self.attention_path(x, q.dtype, cache, need_weights)
+        if path == "step":
             out = self._step_attention(q, k, v, cache.padding_bias(self.h) if self.cross else None).to(x.dtype)
             return self._merge_heads(out, B, T, G), None
-        Tk = k.size(2)
+        out, weights = self._attend(q, k, v, key_pad, causal, explicit=path == "explicit", need_weights=need_weights)
+        if path == "explicit":
+            out = out.to(x.dtype)  # (float32 from a CPU decoding cache)
+        if G > 1 and weights is not None:
+            weights = self._ungroup(weights, B, T, G)
+        return self._merge_heads(out, B, T, G), weights
+
+    def _project(self, x: Tensor, memory: Optional[Tensor], cache: Optional[KVCache], layer: int):
+        """Queries, keys and values by head, and G: the decoder rows per sentence that share one copy of
+        the encoder's keys/values (their G*T queries then make one attention call)."""
+        B, T, _ = x.shape
+        G = 1
+        if self.cross:
+            q = self._heads(linear(x, self.q_proj))  # (B, H, T, K)
+            if cache is None:
+                return (q, *self.project_kv(memory), G)
+            k, v = cache.cross_k[layer], cache.cross_v[layer]  # projected once per sentence by new_cache(): (B/G, H, S, K)
+            G = cache.group
+            if G > 1:
+                q = q.view(B // G, G, self.h, T, self.k).transpose(1, 2).reshape(B // G, self.h, G * T, self.k)
+            return q, k, v, G
+        q, k, v = (self._heads(t) for t in linear(x, self.qkv_proj).chunk(3, dim=-1))  # (B, H, T, K)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, H, t+T, K)
+        return q, k, v, G
+
+    def attention_path(self, x: Tensor, dtype: torch.dtype, cache: Optional[KVCache], need_weights: bool) -> str:
+        """Which of three computations of the same attention runs (each measured where it is chosen):
+
+        - "step": a cached decoding step on CPU (one new query per row, or cross-attention): three
+          batched products with the cache's additive padding bias, no mask built (_step_attention);
+        - "explicit": softmax(QK^T/sqrt(K))V as plain matmuls, when the weights are wanted, for the
+          rest of CPU decoding (2-3x faster there than SDPA's CPU kernel, built for long query
+          blocks), and for bf16 training on CPU (SDPA's CPU kernel, forward + backward, measured 2x
+          slower for sentence-length sequences: 15 vs 7 ms per call at B=128, T=32);
+        - "sdpa": F.scaled_dot_product_attention (flash / memory-efficient kernels on GPUs; in
+          float32 on CPU as fast as the matmuls or faster).
+        """
+        cpu = x.device.type == "cpu"
+        T = x.size(1)
+        if cache is not None and cpu and not (need_weights or self.training) and (self.cross or T == 1):
+            return "step"
+        if need_weights or (cpu and (cache is not None or (self.training and dtype == torch.bfloat16))):
+            return "explicit"
+        return "sdpa"
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, key_pad: Optional[Tensor], causal: bool, explicit: bool,
+                need_weights: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """softmax(Q K^T / sqrt(K)) V with padding and (for self-attention) causal masking; the weights
+        (B, H, Tq, Tk) too when asked for. q (B, H, Tq, K), k and v (B, H, Tk, K)."""
+        T, Tk = q.size(2), k.size(2)
         allowed = None  # True = may attend, broadcast to (B, H, T, Tk)
         if key_pad is not None:
             allowed = ~key_pad[:, None, None, :]  # (B, 1, 1, Tk)
-        # Incremental decoding on CPU (a few queries per row) runs the plain matrix products:
-        # measured 2-3x faster there than SDPA's CPU kernel, which is built for long query blocks.
-        # So does bf16 training on CPU: for sentence-length sequences SDPA's CPU kernel, forward +
-        # backward, measured 2x slower than these matmuls in bf16 (15 vs 7 ms per call at B=128,
-        # T=32; a real bf16 run 1.3x faster overall). In float32, where the matmuls take MKL's
-        # generic path on AMD, SDPA stays as fast or faster.
-        bf16_training = self.training and q.dtype == torch.bfloat16
-        explicit = need_weights or (x.device.type == "cpu" and (cache is not None or bf16_training))
         if causal and T == 1:
             causal = False  # the newest position may see every earlier one
         elif causal and (Tk != T or explicit or allowed is not None):
             # SDPA's is_causal aligns the mask top-left; queries that follow cached keys need it
             # bottom-right: query i sees keys up to Tk - T + i.
-            future_ok = torch.ones(T, Tk, dtype=torch.bool, device=x.device).tril(Tk - T)  # (T, Tk)
+            future_ok = torch.ones(T, Tk, dtype=torch.bool, device=q.device).tril(Tk - T)  # (T, Tk)
             allowed = future_ok if allowed is None else allowed & future_ok
             causal = False
         p = self.dropout if self.training else 0.0
-        weights = None
-        if explicit:
-            q = q.to(k.dtype)  # a CPU decoding cache holds float32 keys/values
-            scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.k)  # (B, H, T, Tk)
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, float("-inf"))
-            probs = scores.softmax(dim=-1)  # (bf16 scores: torch's softmax sums in float32 inside)
-            weights = probs if need_weights else None
-            out = (dropout(probs, p, self.training) @ v).to(x.dtype)  # (B, H, Tq, K)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
-        if G > 1 and weights is not None:
-            weights = self._ungroup(weights, B, T, G)
-        return self._merge_heads(out, B, T, G), weights
+        if not explicit:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal), None
+        q = q.to(k.dtype)  # a CPU decoding cache holds float32 keys/values
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.k)  # (B, H, T, Tk)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        probs = scores.softmax(dim=-1)  # (bf16 scores: torch's softmax sums in float32 inside)
+        return dropout(probs, p, self.training) @ v, (probs if need_weights else None)  # (B, H, Tq, K)
 
     def _ungroup(self, y: Tensor, B: int, T: int, G: int) -> Tensor:
         """(B/G, H, G*T, .) back to one row per hypothesis (B, H, T, .)."""
@@ -287,31 +180,6 @@ class MultiHeadAttention(nn.Module):
         else:
             scores = torch.baddbmm(bias, q3, kt, alpha=1 / math.sqrt(K))
         return torch.bmm(scores.softmax(dim=-1), v.reshape(N * H, Tk, K)).view(N, H, Tq, K)
-
-
-def _keep_mask(like: Tensor, p: float) -> Tensor:
-    """0 or 1/(1-p) per element, in like's dtype: dropout's multiplier. Drawn as 15-bit integers
-    (torch's int16 random_ fills [0, 32767]): on CPU 1.4x faster than torch.rand in float32 (and
-    bernoulli_ is 3x slower still), and exact in any dtype, where a bf16 torch.rand rounds its
-    draws and dropped 10.2% instead of 10%. p is rounded to a multiple of 1/32768 and the scale
-    uses the rounded value, so the expectation stays exactly x."""
-    drop = round(p * 32768)
-    keep = torch.empty(like.shape, dtype=torch.int16, device=like.device).random_() >= drop
-    return keep.to(like.dtype).mul_(32768 / (32768 - drop))
-
-
-def residual_dropout(x: Tensor, y: Tensor, p: float, training: bool) -> Tensor:
-    """x + dropout(y) in one fused multiply-add. On CPU this is ~2.5x faster forward+backward
-    than F.dropout followed by an add (bernoulli_ sampling is slow there); same distribution."""
-    if not training or p == 0.0:
-        return x + y
-    return torch.addcmul(x, y, _keep_mask(y, p))  # (B, T, D)
-
-
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    if not training or p == 0.0:
-        return x
-    return x * _keep_mask(x, p)
 
 
 class FeedForward(nn.Module):

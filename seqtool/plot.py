@@ -20,10 +20,12 @@ from typing import Optional
 import torch
 
 from . import log
-from .attention import AttentionWeights, force_decode, resolve_layer
-from .config import ConfigError, DecodeConfig, ModelConfig
+from .alignment import AttentionWeights, force_decode, resolve_layer
+from .errors import ConfigError
+from .config import DecodeConfig, ModelConfig
 from .search import search
-from .textio import InputError, atomic_write
+from .errors import InputError
+from .textio import atomic_write
 from .translate import Translator
 
 FORMATS = (".png", ".svg", ".pdf")
@@ -96,10 +98,8 @@ def draw_figure(att: SentenceAttention, layers: dict[str, list[int]]):
     rows = [(kind, layer) for kind in KINDS for layer in layers[kind]]
     H = att.weights.cross[0].size(1)
     n = max(len(att.source), len(att.target_in))
-    # Panels grow with the sentence (0.13 inch per token) so that labels of up to ~60 tokens
-    # keep 7 pt each; saved at 150 dpi, a 7 pt label is ~15 pixels high.
+    side, step = panel_layout(n, H, len(rows))
     fontsize = 8 if n <= 30 else 7
-    side = max(2.4, 0.13 * n + 1.0)  # inches per panel
     fig = Figure(figsize=(side * H + 1.0, (side + 0.5) * len(rows)), layout="constrained")
     axes = fig.subplots(len(rows), H, squeeze=False)
     for r, (kind, layer) in enumerate(rows):
@@ -108,10 +108,25 @@ def draw_figure(att: SentenceAttention, layers: dict[str, list[int]]):
             ax = axes[r, h]
             image = ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
             ax.set_title(f"{KINDS[kind]}\nlayer {layer + 1}, head {h + 1}", fontsize=fontsize + 1)
-            ax.set_xticks(range(len(col_labels)), col_labels, rotation=90, fontsize=fontsize)
-            ax.set_yticks(range(len(row_labels)), row_labels, fontsize=fontsize)
+            ax.set_xticks(range(0, len(col_labels), step), col_labels[::step], rotation=90, fontsize=fontsize)
+            ax.set_yticks(range(0, len(row_labels), step), row_labels[::step], fontsize=fontsize)
         fig.colorbar(image, ax=list(axes[r]), label="attention weight", shrink=0.9)
     return fig
+
+
+INCH_PER_TOKEN = 0.13  # a 7 pt label needs ~0.1 inch; at 150 dpi ~15 pixels
+MAX_FIGURE_INCHES = (32.0, 40.0)  # width, height: at most 4,800 x 6,000 pixels, whatever the lengths
+
+
+def panel_layout(n: int, heads: int, rows: int) -> tuple[float, int]:
+    """(inches per panel side, label every step-th token). Panels grow with the sentence so that its
+    tokens keep legible labels, until the figure reaches MAX_FIGURE_INCHES; past that the panels stay
+    that size and only every step-th token is labelled (a 200-token translation once drew 16,428 x
+    12,433 pixels)."""
+    cap = min((MAX_FIGURE_INCHES[0] - 1.0) / heads, MAX_FIGURE_INCHES[1] / rows - 0.5)
+    side = max(1.0, min(max(2.4, INCH_PER_TOKEN * n + 1.0), cap))
+    fits = max(1, int((side - 1.0) / INCH_PER_TOKEN))  # labels that fit along one side
+    return side, -(-n // fits)
 
 
 def save_figure(fig, path: Path) -> None:

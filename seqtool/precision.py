@@ -18,7 +18,7 @@ import warnings
 import torch
 from torch import nn
 
-from .config import ConfigError
+from .errors import ConfigError
 from .device import cuda_has_bf16
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

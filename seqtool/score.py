@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .textio import InputError, read_lines
+from .errors import InputError
+from .textio import read_lines
 
 METRICS = ("bleu", "chrf", "ter")
 
@@ -53,10 +54,10 @@ def score_files(hyp_path: Optional[Path], ref_paths: Sequence[Path], metrics: Se
         if name not in METRICS:
             raise InputError(f"unknown metric {name!r}; choose from {', '.join(METRICS)}")
     if tokenize is not None:
-        from sacrebleu.metrics.bleu import _TOKENIZERS
+        from sacrebleu.metrics import BLEU
 
-        if tokenize not in _TOKENIZERS:
-            raise InputError(f"unknown --tokenize {tokenize!r}; sacrebleu offers {', '.join(sorted(_TOKENIZERS))}")
+        if tokenize not in BLEU.TOKENIZERS:
+            raise InputError(f"unknown --tokenize {tokenize!r}; sacrebleu offers {', '.join(sorted(BLEU.TOKENIZERS))}")
     refs = [list(read_lines(p, errors="replace")) for p in ref_paths]
     hyps = list(read_lines(hyp_path, errors="replace")) if hyp_path is not None else list(stdin_lines or [])
     hyp_name = str(hyp_path) if hyp_path is not None else "<stdin>"

@@ -16,13 +16,10 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
 from . import log
+from .errors import InputError
 
 # Invalid UTF-8 replaced under --errors replace: warn about this many lines per file, then count.
 WARN_LINES = 10
-
-
-class InputError(Exception):
-    """A problem with the user's input; the message names the file (and line) and what to do."""
 
 
 def open_binary(path: Path) -> BinaryIO:

@@ -8,16 +8,17 @@ decode to text, and loading from a path or from the bytes stored inside a checkp
 from __future__ import annotations
 
 import os
-import random
 import re
 import tempfile
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import sentencepiece as spm
 
 from .config import TokenizerConfig
-from .textio import InputError, read_lines
+from .errors import InputError
+from .interrupts import die_with_parent
+from .textio import read_lines
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -80,10 +81,12 @@ def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerC
     prefix = Path(model_prefix)
     if prefix.parent and not prefix.parent.exists():
         prefix.parent.mkdir(parents=True, exist_ok=True)
-    lines = _sample_lines(files, config.input_sentence_size, config.seed)
+    files = [Path(f) for f in files]
+    if next(_text_lines(files), None) is None:  # (also: every file exists and is readable)
+        raise InputError(f"{', '.join(map(str, files))}: no text to train a tokenizer on (empty files?)")
     with tempfile.TemporaryDirectory(prefix="seqtool-spm-") as tmp:
         tmp_prefix = os.path.join(tmp, "spm")
-        _train_in_child(lines, tmp_prefix, config)
+        _train_in_child(files, tmp_prefix, config)
         model = Path(tmp_prefix + ".model").read_bytes()
         vocab = Path(tmp_prefix + ".vocab").read_bytes()
     from .textio import atomic_write_bytes
@@ -94,7 +97,7 @@ def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerC
     return Path(f"{prefix}.model")
 
 
-def _train_in_child(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:
+def _train_in_child(files: list[Path], tmp_prefix: str, config: TokenizerConfig) -> None:
     """Run sentencepiece's trainer in a forked child process.
 
     Its C++ training loop does not return to Python for minutes on a large corpus, so a Ctrl-C
@@ -106,13 +109,13 @@ def _train_in_child(lines: list[str], tmp_prefix: str, config: TokenizerConfig) 
 
     if "fork" not in multiprocessing.get_all_start_methods():
         try:
-            _train_spm(lines, tmp_prefix, config)
+            _train_spm(files, tmp_prefix, config)
         except RuntimeError as error:
             _raise_for_sentencepiece(str(error), config)
         return
     import signal
 
-    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(lines, tmp_prefix, config), daemon=True)
+    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(files, tmp_prefix, config, os.getpid()), daemon=True)
     # A Ctrl-C between the fork and start() returning would leave a child we hold no handle to:
     # SIGINT is held back until start() is done, and a pending one is raised once it is released.
     try:
@@ -133,33 +136,29 @@ def _train_in_child(lines: list[str], tmp_prefix: str, config: TokenizerConfig) 
         raise InputError(f"sentencepiece training stopped (exit status {child.exitcode}); out of memory? try a smaller --input-sentence-size")
 
 
-def _child_main(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:
+def _child_main(files: list[Path], tmp_prefix: str, config: TokenizerConfig, parent: int) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent answers Ctrl-C (and kills us)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # forked while the parent held it back
-    _die_with_parent()
+    die_with_parent(parent)  # a SIGKILL or SIGTERM of the parent leaves no trainer behind
     try:
-        _train_spm(lines, tmp_prefix, config)
+        _train_spm(files, tmp_prefix, config)
     except Exception as error:  # reported by the parent as one line, never a child's traceback
         Path(tmp_prefix + ".error").write_text(str(error) or type(error).__name__)
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this child when the parent dies (a SIGKILL or SIGTERM of the parent leaves no trainer behind)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except (OSError, AttributeError):
-        pass
-
-
-def _train_spm(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> None:
+def _train_spm(files: list[Path], tmp_prefix: str, config: TokenizerConfig) -> None:
     # sentencepiece reads plain files only, and splits on its own idea of lines: feed it the lines
-    # we read (\n only, \r stripped, .gz opened; sampled when asked) through an iterator.
+    # we read (\n only, \r stripped, .gz opened) through an iterator. With input_sentence_size it
+    # keeps a uniform sample of that many (its reservoir, seeded): memory is bounded by the setting,
+    # not by the corpus.
+    if config.input_sentence_size:
+        spm.set_random_generator_seed(config.seed)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
+        sentence_iterator=_text_lines(files),
+        input_sentence_size=config.input_sentence_size,
+        shuffle_input_sentence=True,
         model_prefix=tmp_prefix,
         vocab_size=config.vocab_size,
         model_type=config.model_type,
@@ -173,6 +172,14 @@ def _train_spm(lines: list[str], tmp_prefix: str, config: TokenizerConfig) -> No
     )
 
 
+def _text_lines(files: Sequence[Path]) -> Iterator[str]:
+    """The non-empty lines of the files, streamed."""
+    for path in files:
+        for line in read_lines(Path(path), errors="replace"):
+            if line.strip():
+                yield line
+
+
 def _raise_for_sentencepiece(message: str, config: TokenizerConfig) -> None:
     """sentencepiece's errors, turned into advice."""
     if "Vocabulary size" in message or "vocab_size" in message:
@@ -180,24 +187,3 @@ def _raise_for_sentencepiece(message: str, config: TokenizerConfig) -> None:
         most = f"at most {limit.group(1)} pieces fit it" if limit else "it has too few distinct pieces"
         raise InputError(f"--vocab-size {config.vocab_size} is too large for this data ({most}); lower --vocab-size or add text")
     raise InputError(f"sentencepiece failed: {message.strip().splitlines()[-1] if message.strip() else 'no message'}")
-
-
-def _sample_lines(files: Sequence[Path], limit: int, seed: int) -> list[str]:
-    """All non-empty lines, or a uniform reservoir sample of `limit` of them (memory bounded by `limit`)."""
-    rng = random.Random(seed)
-    kept: list[str] = []
-    seen = 0
-    for path in files:
-        for line in read_lines(Path(path), errors="replace"):
-            if not line.strip():
-                continue
-            seen += 1
-            if not limit or len(kept) < limit:
-                kept.append(line)
-            else:
-                j = rng.randrange(seen)
-                if j < limit:
-                    kept[j] = line
-    if not kept:
-        raise InputError(f"{', '.join(map(str, files))}: no text to train a tokenizer on (empty files?)")
-    return kept

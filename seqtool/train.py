@@ -17,27 +17,28 @@ import contextlib
 import hashlib
 import json
 import math
-import signal
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Iterator, Optional
 
 import torch
 
-from . import allocator, checkpoint, distributed, finetune, linear, log, schedule, update, validate
-from .ema import EMA
-from .device import pick_device, resolve_precision
+from . import allocator, checkpoint, distributed, finetune, kernels, log, schedule, update, validate
 from .binarize import SplitSpec, binarize
-from .config import ConfigError, ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
+from .config import ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
-from .metrics import MetricsLog
+from .device import pick_device, resolve_precision
+from .ema import EMA
+from .interrupts import Interrupts
+from .errors import ConfigError, InputError
+from .metrics import MetricsLog, ThroughputWindow
 from .model import Transformer
-from .update import autocast as autocast_for
-from .textio import InputError
+from .runlock import RunLock
+from .textio import atomic_write_bytes
 from .tokenizer import Tokenizer, train_tokenizer
+from .update import autocast as autocast_for
 
 # Settings that may change when a run is resumed: limits and where/how fast it runs.
 HEAP_TRIM_SECONDS = 1.0  # CPU training: at most one heap trim a second (allocator.HeapTrimmer)
@@ -123,9 +124,24 @@ def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path
 class Trainer:
     def __init__(self, job: TrainJob):
         self.job = job
+        env = distributed.environment()
+        self.lock = RunLock(job.save_dir)  # one run per SAVE_DIR (runlock.py); held by rank 0 until run() ends
+        save_dir = Path(job.save_dir)
+        created = not save_dir.exists()
+        if env.rank == 0:
+            save_dir.mkdir(parents=True, exist_ok=True)
+            self.lock.acquire()
+        try:
+            self._set_up(job, env)
+        except BaseException:
+            self.lock.release()
+            if created and save_dir.is_dir() and not any(save_dir.iterdir()):
+                save_dir.rmdir()  # a run that never started leaves no empty directory behind
+            raise
+
+    def _set_up(self, job: TrainJob, env: distributed.Env) -> None:
         self.paths = RunPaths(job.save_dir)
         cfg = job.train
-        env = distributed.environment()
         self.device = distributed.device_for(env, pick_device(cfg.device))
         # CPU training returns the heap's free pages between updates (allocator.HeapTrimmer)
         self.trim_heap = allocator.HeapTrimmer(HEAP_TRIM_SECONDS if self.device.type == "cpu" else 0.0)
@@ -135,7 +151,7 @@ class Trainer:
         self.dist = distributed.start(env, self.device, cfg.dist_timeout)
         if job.raw is not None:  # rank 0 prepares SAVE_DIR/data, the others wait for it
             data_dir = prepare_raw(job, source) if self.dist.is_main else Path(job.save_dir) / "data"
-            self.dist.barrier(f"waiting for rank 0 to prepare {data_dir}")
+            self.dist.barrier(f"waiting for rank 0 to prepare {data_dir}", patient=True)  # not bounded by --dist-timeout
         else:
             data_dir = Path(job.data_dir)
         self.data_dir = data_dir
@@ -181,16 +197,16 @@ class Trainer:
                                       ddp=self.dist.wrap(loss_fn), compile=cfg.compile)
         self.scaler = self.updater.scaler
         self.ema = EMA(self.model.parameters(), cfg.ema_decay) if cfg.ema_decay else None
-        # batch_in_epoch: updates made in the current epoch (each of update_freq x ranks batches)
-        self.state = {"updates": 0, "epoch": 1, "batch_in_epoch": 0, "best_valid_loss": float("inf"),
-                      "train_seconds": 0.0, "train_tokens": 0, "last_valid_loss": float("nan")}
+        self.state = checkpoint.TrainingState()
         self.early_stopping = validate.EarlyStopping(cfg.best_metric, cfg.patience, self.state)  # keeps its state in self.state
+        self.metrics_new = self.paths.save_dir / (self.paths.metrics.name + ".new")  # a --force run's, until its first save
+        self.replacing_old_run = False
         self._resume_or_start()
         self.interrupts = Interrupts()
-        self.saved_progress: Optional[dict] = None
-        self.metrics = MetricsLog(self.paths.metrics, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None,
-                                  enabled=self.dist.is_main)
-        self.updater.skipped = self.state.get("skipped_updates", 0)
+        self.saved_progress: Optional[dict] = None  # the TrainingState last.pt holds (state_dict)
+        self.metrics = MetricsLog(self.metrics_new if self.replacing_old_run else self.paths.metrics,
+                                  Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None, enabled=self.dist.is_main)
+        self.updater.skipped = self.state.skipped_updates
 
     # ---- set-up ---------------------------------------------------------------------------
     def _resume_or_start(self) -> None:
@@ -198,20 +214,22 @@ class Trainer:
         save_dir.mkdir(parents=True, exist_ok=True)
         for stale in checkpoint.remove_stale_temps(save_dir):
             log.info(f"removed {stale.name}, left by a save that was killed")
-        if self.job.force and (self.paths.last.exists() or self.paths.best.exists()):
-            # start afresh: the old checkpoints are replaced by the first save, the old metrics now
-            log.warn(f"--force: starting a new run in {save_dir}; its checkpoints will be replaced")
-            if self.dist.is_main:
-                for path in (self.paths.last, self.paths.best, self.paths.metrics):
-                    path.unlink(missing_ok=True)
-                checkpoint.prune_numbered(save_dir, 0)
-            self.dist.barrier()
+        if self.dist.is_main:
+            self.metrics_new.unlink(missing_ok=True)  # left by a --force run killed before its first save
+        old_run = [p for p in (self.paths.last, self.paths.best, self.paths.metrics) if p.exists()]
+        if self.job.force and old_run:
+            # start afresh, but delete nothing yet: the old run's files are replaced by this run's
+            # first save (_replace_old_run), so a failure before it leaves them as they were
+            log.warn(f"--force: starting a new run in {save_dir}; the old run's checkpoints and metrics are replaced "
+                     f"at this run's first save")
+            self.replacing_old_run = True
+            return
         self.dist.check_same(self.paths.last.exists(), f"whether {self.paths.last} exists (--save-dir must be shared by all nodes)")
         if not self.paths.last.exists():
             if self.paths.best.exists():
                 raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir or pass --force to replace it")
             if self.dist.is_main:
-                self.paths.config.write_text(json.dumps(self.configs, indent=2) + "\n")
+                atomic_write_bytes(self.paths.config, (json.dumps(self.configs, indent=2) + "\n").encode())
             return
         ckpt = checkpoint.load(self.paths.last)
         saved = ckpt["configs"]
@@ -224,25 +242,52 @@ class Trainer:
         if checkpoint.tokenizer_bytes(ckpt) != self.tokenizer.model_bytes:
             raise InputError(f"{self.paths.last}: was trained with another tokenizer than {self.data_dir}/tokenizer.model")
         self.model.load_state_dict(ckpt["weights"], strict=False)
-        ts = ckpt["train_state"]
-        self.optimizer.load_state_dict(ts["optimizer"])
-        if ts.get("scaler"):
-            self.scaler.load_state_dict(ts["scaler"])
-        # each rank continues its own dropout stream (rank 0's is also stored as rng_cpu/rng_cuda)
-        rngs = ts.get("rng_ranks") or [{"cpu": ts["rng_cpu"], "cuda": ts.get("rng_cuda")}]
-        if self.dist.rank < len(rngs):
+        rngs, saved_world = checkpoint.unpack_train_state(ckpt["train_state"], self.optimizer, self.scaler, self.state, self.ema)
+        if self.dist.rank < len(rngs):  # each rank continues its own dropout stream
             distributed.set_rng_state(rngs[self.dist.rank], self.device)
-        self.state.update(ts["progress"])
-        if self.ema is not None and ts.get("ema"):  # (a run saved without one starts its average now)
-            self.ema.load_state_dict(ts["ema"])
-        saved_world = ts.get("world_size", 1)
         if saved_world != self.dist.world_size:
-            self.state["batch_in_epoch"] = distributed.resume_position(self.state["batch_in_epoch"], saved_world,
+            self.state.batch_in_epoch = distributed.resume_position(self.state.batch_in_epoch, saved_world,
                                                                        self.dist.world_size)
             log.warn(f"{self.paths.last} was trained by {saved_world} process(es), now {self.dist.world_size}: the batch per "
                      f"update changes, and the run is not the one it would have been (resumed at update "
-                     f"{self.state['batch_in_epoch']} of epoch {self.state['epoch']})")
-        log.info(f"resuming {self.paths.last}: update {self.state['updates']}, epoch {self.state['epoch']}")
+                     f"{self.state.batch_in_epoch} of epoch {self.state.epoch})")
+        self._adopt_best_pt()
+        log.info(f"resuming {self.paths.last}: update {self.state.updates}, epoch {self.state.epoch}")
+
+    def _adopt_best_pt(self) -> None:
+        """best.pt is written before last.pt: after a kill between the two, best.pt holds a better
+        validation than last.pt knows of. Take its figures, so the resumed run never replaces it
+        with a worse model."""
+        if not self.paths.best.exists():
+            return
+        try:
+            valid = checkpoint.load(self.paths.best).get("valid") or {}
+        except InputError as error:
+            log.warn(f"{self.paths.best}: cannot be read ({error}); it will be replaced at the next improvement")
+            return
+        if valid.get("loss") is None:
+            return
+        saved = validate.ValidResult(valid["loss"], valid.get("nll", valid["loss"]), bleu=valid.get("bleu"), chrf=valid.get("chrf"))
+        if self.early_stopping.beats_best(saved):
+            log.warn(f"{self.paths.best} holds a better validation than {self.paths.last} records (a save was cut short): "
+                     f"continuing from its {self.early_stopping.metric} {saved.value(self.early_stopping.metric):.4g}")
+            self.state.best_metric_value = saved.value(self.early_stopping.metric)
+            self.state.best_valid_loss = min(self.state.best_valid_loss, saved.loss)
+
+    def _replace_old_run(self, wrote_best: bool) -> None:
+        """A --force run's first save, once its last.pt is written: the old run's update-numbered copies
+        and best.pt (unless this save replaced it) go; this run's config.json and metrics (written to
+        metrics.jsonl.new so far) take the old ones' places."""
+        checkpoint.prune_numbered(self.paths.save_dir, 0)
+        if not wrote_best:
+            self.paths.best.unlink(missing_ok=True)
+        atomic_write_bytes(self.paths.config, (json.dumps(self.configs, indent=2) + "\n").encode())
+        if self.metrics_new.exists():
+            os.replace(self.metrics_new, self.paths.metrics)
+        else:
+            self.paths.metrics.unlink(missing_ok=True)
+        self.metrics.path = self.paths.metrics
+        self.replacing_old_run = False
 
     # ---- one update ---------------------------------------------------------------------
     def _step(self, batches: list, global_tokens: int, epoch_batches: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,9 +295,9 @@ class Trainer:
         tensors (no host sync). global_tokens: target tokens of the update on all ranks;
         epoch_batches: updates in this epoch (the --max-epochs share of the schedule)."""
         st = self.state
-        done = schedule.progress(self.train_config, st["updates"], st["train_seconds"],
-                                 st["epoch"] - 1 + st["batch_in_epoch"] / epoch_batches)
-        lr = self.schedule.lr(st["updates"] + 1, done)
+        done = schedule.progress(self.train_config, st.updates, st.train_seconds,
+                                 st.epoch - 1 + st.batch_in_epoch / epoch_batches)
+        lr = self.schedule.lr(st.updates + 1, done)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         on_device = [(b.src.to(self.device, non_blocking=True), b.tgt_in.to(self.device, non_blocking=True),
@@ -269,7 +314,8 @@ class Trainer:
             return validate.ValidResult(float("nan"), float("nan"))
         return validate.evaluate(self.model, self.valid_set, self.tokenizer, self.model_config, self.train_config,
                                  self.job.optim.label_smoothing, self.device,
-                                 autocast=lambda: autocast_for(self.device, self.train_config.precision))
+                                 autocast=lambda: autocast_for(self.device, self.train_config.precision),
+                                 share=self.dist if self.dist.world_size > 1 else None)  # each rank validates a share
 
     def _save(self, result: Optional[validate.ValidResult] = None, improved: bool = False, gather: bool = True) -> None:
         """last.pt always (and the update-numbered copy at --save-interval-updates points); best.pt
@@ -277,7 +323,6 @@ class Trainer:
         there is one to translate with), and after every validation when there is no validation
         split. An unvalidated save (interval, Ctrl-C, SIGTERM) never writes best.pt. best.pt is
         written first: a kill between the two leaves last.pt behind it, never ahead."""
-        st, cfg = self.state, self.train_config
         # every rank's RNG state goes into last.pt (gather=False: an interrupt, no collectives)
         own = distributed.rng_state(self.device)
         rngs = self.dist.gather(own) if gather else [own]
@@ -285,148 +330,177 @@ class Trainer:
             return
         with self.interrupts.held():
             self._write_checkpoints(result, improved, rngs)
-            self.saved_progress = dict(st)  # what last.pt now holds
+            self.saved_progress = self.state.state_dict()  # what last.pt now holds
 
     def _write_checkpoints(self, result: Optional[validate.ValidResult], improved: bool, rngs: list) -> None:
         st, cfg = self.state, self.train_config
         weights = checkpoint.model_state(self.model)
-        train_state = {
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
-            "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            "rng_ranks": rngs,
-            "world_size": self.dist.world_size,
-            "progress": dict(st),
-            "ema": self.ema.state_dict() if self.ema is not None else None,
-        }
+        train_state = checkpoint.pack_train_state(self.optimizer, self.scaler, st, rngs, self.dist.world_size, self.ema, self.device)
         valid = None if result is None else {"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf}
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
-                                valid_loss=None if result is None else result.loss, updates=st["updates"],
-                                progress=dict(st), valid=valid)
-        if result is not None and (improved or self.valid_set is None or not self.paths.best.exists()):
+                                valid_loss=None if result is None else result.loss, updates=st.updates,
+                                progress=st.state_dict(), valid=valid)
+        wrote_best = result is not None and (improved or self.valid_set is None or not self.paths.best.exists())
+        if wrote_best:
             best = {k: v for k, v in ckpt.items() if k != "train_state"}
             checkpoint.save(best, self.paths.best)
         checkpoint.save(ckpt, self.paths.last)
-        if cfg.keep_last and st["updates"] % cfg.save_interval_updates == 0:
-            checkpoint.save(ckpt, checkpoint.numbered_path(self.paths.save_dir, st["updates"]))
+        if self.replacing_old_run:  # this run's last.pt exists now: the old run's other files go
+            self._replace_old_run(wrote_best)
+        if cfg.keep_last and st.updates % cfg.save_interval_updates == 0:
+            checkpoint.save(ckpt, checkpoint.numbered_path(self.paths.save_dir, st.updates))
             checkpoint.prune_numbered(self.paths.save_dir, cfg.keep_last)
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> TrainResult:
+        """Epochs of updates until a limit (or --patience) stops the run; then the weight average is
+        offered as best.pt. Each update: lr -> micro-batches forward/backward -> clip -> step -> log,
+        then validate/save at the intervals (_train_epoch)."""
         cfg, st = self.train_config, self.state
-        mc = self.model_config
+        self._log_setup()
+        total, unit = (cfg.max_updates, "update") if cfg.max_updates else ((cfg.max_time, "second") if cfg.max_time else (cfg.max_epochs or None, "epoch"))
+        progress = log.Progress(total, unit, cfg.log_interval)
+        self.clock_start = time.monotonic() - st.train_seconds  # train_seconds counts across resumes
+        window = ThroughputWindow(time.monotonic())
+        stopped_by, skipped, n_batches = "", 0, 1
+        self.model.train()
+        self.interrupts.install()
+        try:
+            with self._errors_explained(progress):
+                while not stopped_by:
+                    batches, skipped = self._epoch_batches()
+                    n_batches = len(batches)
+                    stopped_by = self._train_epoch(batches, window, progress, unit)
+                if self.ema is not None and self.valid_set is not None:
+                    self._offer_average()
+        finally:
+            progress.close()
+            self.metrics.close()
+            self.interrupts.restore()
+            self.lock.release()
+        st.train_seconds = time.monotonic() - self.clock_start
+        return TrainResult(
+            updates=st.updates, epochs=st.epoch - 1 + st.batch_in_epoch / max(n_batches, 1),
+            best_valid_loss=st.best_valid_loss, last_valid_loss=st.last_valid_loss,
+            train_tokens=st.train_tokens, train_seconds=st.train_seconds, skipped_too_long=skipped,
+            save_dir=self.paths.save_dir, stopped_by=stopped_by,
+            best_metric=cfg.best_metric, best_value=st.best_metric_value,
+        )
+
+    def _train_epoch(self, batches: list, window: ThroughputWindow, progress: log.Progress, unit: str) -> str:
+        """The rest of the current epoch (from batch_in_epoch on); returns what stopped the run, or ""."""
+        cfg, st = self.train_config, self.state
+        # whether the state as it is now has been validated (and saved); a run resumed at the end
+        # of an epoch was saved by the validation of that epoch's last update
+        validated = 0 < st.batch_in_epoch == len(batches)
+        stopped_by = ""
+        for k in range(st.batch_in_epoch, len(batches)):
+            self._update(batches[k], len(batches), window)
+            st.batch_in_epoch = k + 1
+            self._log(window, progress, unit, (k + 1) / len(batches))
+            stopped_by = self._limit_reached(epoch_done=False)
+            validated = False
+            if cfg.validate_interval_updates and st.updates % cfg.validate_interval_updates == 0 and not stopped_by:
+                stopped_by, validated = self._validate_and_save(), True
+            elif (cfg.save_interval_updates and st.updates % cfg.save_interval_updates == 0
+                  and not stopped_by and k + 1 < len(batches)):  # else the validation just below saves
+                self._save()
+            if stopped_by:
+                break
+        else:
+            st.epoch += 1
+            st.batch_in_epoch = 0
+            stopped_by = self._limit_reached(epoch_done=True)
+        if not validated:  # (an interval validation of the epoch's last update counts)
+            stopped_by = self._validate_and_save() or stopped_by
+        return stopped_by
+
+    def _epoch_batches(self) -> tuple[list, int]:
+        """This rank's updates of the current epoch (each a list of micro-batch ids), and the pairs
+        skipped as too long; a clear error when nothing can be trained."""
+        cfg, st, mc = self.train_config, self.state, self.model_config
+        shard, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st.epoch,
+                                       rank=self.dist.rank, world=self.dist.world_size)
+        batches = distributed.update_batches(shard, cfg.update_freq)  # per update: its micro-batches
+        if skipped == len(self.train_set):
+            shortest = int(min_pair_length(self.train_set))
+            raise InputError(f"{self.data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {mc.max_positions} positions "
+                             f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
+        if not batches:
+            raise InputError(f"{self.data_dir}: an epoch has fewer batches of --max-tokens {cfg.max_tokens} than one update needs "
+                             f"(--update-freq {cfg.update_freq} x {self.dist.world_size} process(es)); lower --max-tokens or --update-freq")
+        if st.updates == 0 and st.batch_in_epoch == 0 and skipped:
+            log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
+        return batches, skipped
+
+    def _update(self, ids: list, epoch_updates: int, window: ThroughputWindow) -> None:
+        """Collate, step, count: one update of the run."""
+        mc, st = self.model_config, self.state
+        distributed.fault_point(self.dist, st.updates)
+        micro = [collate(self.train_set, b, mc.pad_id, mc.bos_id, mc.eos_id, mc.max_positions) for b in ids]
+        n = sum(b.ntokens for b in micro)
+        n_all = self.dist.sum_int(n)  # the loss is normalised by the tokens of all ranks
+        loss, nll = self._step(micro, n_all, epoch_updates)
+        st.updates += 1
+        self.trim_heap(time.monotonic())
+        st.train_tokens += n_all
+        st.skipped_updates = self.updater.skipped
+        window.add(loss, nll, n, n_all)
+        st.train_seconds = time.monotonic() - self.clock_start
+        if self.train_config.max_time and self.dist.world_size > 1:  # clocks differ: rank 0's decides the lr and the stop
+            st.train_seconds = self.dist.from_main(st.train_seconds)
+
+    def _log(self, window: ThroughputWindow, progress: log.Progress, unit: str, epoch_share: float) -> None:
+        """Once per log interval (and after the first update): a train record and the progress line."""
+        st = self.state
+        now = time.monotonic()
+        if now - window.start < self.train_config.log_interval and st.updates != 1:
+            return
+        loss, nll, rate = window.figures(now)  # the only host sync of the loop
+        lr = self.optimizer.param_groups[0]["lr"]
+        ppl = math.exp(min(nll, 50))
+        record = {"kind": "train", "update": st.updates, "epoch": st.epoch, "loss": loss, "ppl": ppl, "lr": lr,
+                  "tokens_per_s": rate, "seconds": st.train_seconds}
+        if self.scaler.is_enabled():
+            record.update(loss_scale=self.scaler.get_scale(), skipped_updates=self.updater.skipped)
+        self.metrics.write(record)
+        window.reset(now)
+        stats = f"epoch {st.epoch} | update {st.updates} | loss {loss:.3f} | ppl {ppl:.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
+        if self.updater.skipped:
+            stats += f" | {self.updater.skipped} skipped (fp16 overflow)"
+        progress.update({"update": st.updates, "second": st.train_seconds, "epoch": st.epoch - 1 + epoch_share}[unit], stats)
+
+    def _log_setup(self) -> None:
+        cfg, mc = self.train_config, self.model_config
         log.info(f"learning rate: peak {self.schedule.peak:g}, {self.schedule.summary()}")
         log.info(f"model: {sum(p.numel() for p in self.model.parameters()):,} parameters, "
                  f"{mc.encoder_layers}+{mc.decoder_layers} layers, d_model {mc.d_model}, {mc.n_heads} heads, "
                  f"device {self.device}, precision {cfg.precision}, threads {torch.get_num_threads()}"
                  + (f", {self.dist.world_size} processes" if self.dist.world_size > 1 else "")
                  + (f", update-freq {cfg.update_freq}" if cfg.update_freq > 1 else ""))
-        total, unit = (cfg.max_updates, "update") if cfg.max_updates else ((cfg.max_time, "second") if cfg.max_time else (cfg.max_epochs or None, "epoch"))
-        progress = log.Progress(total, unit, cfg.log_interval)
-        start = time.monotonic() - st["train_seconds"]
-        window_tokens, window_start = 0, time.monotonic()
-        window_all_tokens = 0  # of every rank: the throughput figure
-        window_loss: Any = 0.0
-        window_nll: Any = 0.0
-        stopped_by, skipped = "", 0
-        self.model.train()
-        self.interrupts.install()
+
+    @contextlib.contextmanager
+    def _errors_explained(self, progress: log.Progress) -> Iterator[None]:
+        """Ctrl-C/SIGTERM: save last.pt (not validated, never best.pt) and say how to resume; out of
+        memory: what to lower; a lost rank: which and why."""
+        st = self.state
         try:
-            while not stopped_by:
-                shard, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st["epoch"],
-                                               rank=self.dist.rank, world=self.dist.world_size)
-                batches = distributed.update_batches(shard, cfg.update_freq)  # per update: its micro-batches
-                if skipped == len(self.train_set):
-                    shortest = int(min_pair_length(self.train_set))
-                    raise InputError(f"{self.data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {mc.max_positions} positions "
-                                     f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
-                if not batches:
-                    raise InputError(f"{self.data_dir}: an epoch has fewer batches of --max-tokens {cfg.max_tokens} than one update needs "
-                                     f"(--update-freq {cfg.update_freq} x {self.dist.world_size} process(es)); lower --max-tokens or --update-freq")
-                if st["updates"] == 0 and st["batch_in_epoch"] == 0 and skipped:
-                    log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
-                # whether the state as it is now has been validated (and saved); a run resumed at the
-                # end of an epoch was saved by the validation of that epoch's last update
-                validated = 0 < st["batch_in_epoch"] == len(batches)
-                for k in range(st["batch_in_epoch"], len(batches)):
-                    distributed.fault_point(self.dist, st["updates"])
-                    micro = [collate(self.train_set, ids, mc.pad_id, mc.bos_id, mc.eos_id, mc.max_positions) for ids in batches[k]]
-                    n = sum(b.ntokens for b in micro)
-                    n_all = self.dist.sum_int(n)  # the loss is normalised by the tokens of all ranks
-                    loss, nll = self._step(micro, n_all, len(batches))
-                    st["updates"] += 1
-                    self.trim_heap(time.monotonic())
-                    st["batch_in_epoch"] = k + 1
-                    st["train_tokens"] += n_all
-                    st["skipped_updates"] = self.updater.skipped
-                    window_tokens += n
-                    window_all_tokens += n_all
-                    window_loss, window_nll = window_loss + loss, window_nll + nll
-                    now = time.monotonic()
-                    st["train_seconds"] = now - start
-                    if cfg.max_time and self.dist.world_size > 1:  # clocks differ: rank 0's decides the lr and the stop
-                        st["train_seconds"] = self.dist.from_main(st["train_seconds"])
-                    if now - window_start >= cfg.log_interval or st["updates"] == 1:
-                        # the only host sync of the loop: once per log interval, not per update
-                        loss_avg, nll_avg = float(window_loss) / window_tokens, float(window_nll) / window_tokens
-                        rate = window_all_tokens / max(now - window_start, 1e-9)
-                        lr = self.optimizer.param_groups[0]["lr"]
-                        ppl = math.exp(min(nll_avg, 50))
-                        record = {"kind": "train", "update": st["updates"], "epoch": st["epoch"], "loss": loss_avg,
-                                  "ppl": ppl, "lr": lr, "tokens_per_s": rate, "seconds": st["train_seconds"]}
-                        if self.scaler.is_enabled():
-                            record.update(loss_scale=self.scaler.get_scale(), skipped_updates=self.updater.skipped)
-                        self.metrics.write(record)
-                        window_tokens, window_start, window_loss, window_nll, window_all_tokens = 0, now, 0.0, 0.0, 0
-                        stats = f"epoch {st['epoch']} | update {st['updates']} | loss {loss_avg:.3f} | ppl {ppl:.1f} | lr {lr:.2e} | {rate:,.0f} tok/s"
-                        if self.updater.skipped:
-                            stats += f" | {self.updater.skipped} skipped (fp16 overflow)"
-                        done = {"update": st["updates"], "second": st["train_seconds"], "epoch": st["epoch"] - 1 + (k + 1) / len(batches)}[unit]
-                        progress.update(done, stats)
-                    stopped_by = self._limit_reached(epoch_done=False)
-                    validated = False
-                    if cfg.validate_interval_updates and st["updates"] % cfg.validate_interval_updates == 0 and not stopped_by:
-                        stopped_by, validated = self._validate_and_save(), True
-                    elif (cfg.save_interval_updates and st["updates"] % cfg.save_interval_updates == 0
-                          and not stopped_by and k + 1 < len(batches)):  # else the validation just below saves
-                        self._save()
-                    if stopped_by:
-                        break
-                else:
-                    st["epoch"] += 1
-                    st["batch_in_epoch"] = 0
-                    stopped_by = self._limit_reached(epoch_done=True)
-                if not validated:  # (an interval validation of the epoch's last update counts)
-                    stopped_by = self._validate_and_save() or stopped_by
-            if self.ema is not None and self.valid_set is not None:
-                self._offer_average()
+            yield
         except KeyboardInterrupt:
             progress.close()
             self.interrupts.stopping = True  # a second signal no longer interrupts the save below
-            if self.saved_progress != st:  # (a signal held back by a save stops the run right after it)
-                self._save(gather=False)  # not validated: last.pt only, never best.pt
-            log.warn(f"interrupted at update {st['updates']}: saved {self.paths.last}; run the same command again to resume")
+            if self.saved_progress != st.state_dict():  # (a signal held back by a save stops the run right after it)
+                self._save(gather=False)
+            log.warn(f"interrupted at update {st.updates}: saved {self.paths.last}; run the same command again to resume")
             raise
         except update.OutOfMemoryError:
             progress.close()
-            raise update.OutOfMemory(update.out_of_memory_advice(self.device, cfg.max_tokens, cfg.update_freq, cfg.precision)) from None
+            raise update.OutOfMemory(update.out_of_memory_advice(self.device, self.train_config.max_tokens,
+                                                                 self.train_config.update_freq, self.train_config.precision)) from None
         except RuntimeError as error:  # e.g. DDP's all-reduce in backward when another rank died or hangs
             if self.dist.world_size > 1 and distributed.is_comm_error(error) and not isinstance(error, ConfigError):
                 raise self.dist.lost(error) from None
             raise
-        finally:
-            progress.close()
-            self.metrics.close()
-            self.interrupts.restore()
-        st["train_seconds"] = time.monotonic() - start
-        return TrainResult(
-            updates=st["updates"], epochs=st["epoch"] - 1 + st["batch_in_epoch"] / max(len(batches), 1),
-            best_valid_loss=st["best_valid_loss"], last_valid_loss=st["last_valid_loss"],
-            train_tokens=st["train_tokens"], train_seconds=st["train_seconds"], skipped_too_long=skipped,
-            save_dir=self.paths.save_dir, stopped_by=stopped_by,
-            best_metric=cfg.best_metric, best_value=st["best_metric_value"],
-        )
 
     def _offer_average(self) -> None:
         """At the end of a run: validate the weights' moving average; when it beats the best
@@ -437,13 +511,13 @@ class Trainer:
             better = stopping.beats_best(result)
             if better and self.dist.is_main:
                 ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, checkpoint.model_state(self.model),
-                                        valid_loss=result.loss, updates=st["updates"], progress=dict(st), averaged=True,
+                                        valid_loss=result.loss, updates=st.updates, progress=st.state_dict(), averaged=True,
                                         valid={"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf})
                 with self.interrupts.held():
                     checkpoint.save(ckpt, self.paths.best)
-        self.metrics.write({"kind": "valid_ema", "update": st["updates"], "loss": result.loss, "nll": result.nll,
+        self.metrics.write({"kind": "valid_ema", "update": st.updates, "loss": result.loss, "nll": result.nll,
                             "ppl": result.ppl, "bleu": result.bleu, "chrf": result.chrf, "best_before": stopping.best,
-                            "kept": better, "ema_decay": self.ema.decay, "seconds": st["train_seconds"]})
+                            "kept": better, "ema_decay": self.ema.decay, "seconds": st.train_seconds})
         value = result.value(stopping.metric)
         if better:
             stopping.update(result)
@@ -453,11 +527,11 @@ class Trainer:
 
     def _limit_reached(self, epoch_done: bool) -> str:
         cfg, st = self.train_config, self.state
-        if cfg.max_updates and st["updates"] >= cfg.max_updates:
+        if cfg.max_updates and st.updates >= cfg.max_updates:
             return "max-updates"
-        if cfg.max_time and st["train_seconds"] >= cfg.max_time:
+        if cfg.max_time and st.train_seconds >= cfg.max_time:
             return "max-time"
-        if epoch_done and cfg.max_epochs and st["epoch"] > cfg.max_epochs:
+        if epoch_done and cfg.max_epochs and st.epoch > cfg.max_epochs:
             return "max-epochs"
         return ""
 
@@ -465,16 +539,16 @@ class Trainer:
         """Validate, update early stopping, save, log; returns "patience" when it says stop."""
         st, cfg = self.state, self.train_config
         result = self.validate()
-        st["last_valid_loss"] = result.loss
+        st.last_valid_loss = result.loss
         improved = self.early_stopping.update(result)
         self._save(result, improved)
-        self.metrics.write({"kind": "valid", "update": st["updates"], "epoch": st["epoch"], "loss": result.loss,
+        self.metrics.write({"kind": "valid", "update": st.updates, "epoch": st.epoch, "loss": result.loss,
                             "nll": result.nll, "ppl": result.ppl, "bleu": result.bleu, "chrf": result.chrf,
-                            "best_loss": st["best_valid_loss"], "best_metric": cfg.best_metric, "best": self.early_stopping.best,
-                            "bad_validations": st["bad_validations"], "seconds": st["train_seconds"],
+                            "best_loss": st.best_valid_loss, "best_metric": cfg.best_metric, "best": self.early_stopping.best,
+                            "bad_validations": st.bad_validations, "seconds": st.train_seconds,
                             "valid_seconds": result.seconds})
-        log.info(validate.summary_line(result, st["updates"], self.early_stopping))
-        if self.early_stopping.should_stop:
+        log.info(validate.summary_line(result, st.updates, self.early_stopping))
+        if self.dist.from_main(self.early_stopping.should_stop):  # one decision for every rank
             log.info(f"stopping: {cfg.best_metric} has not improved for {cfg.patience} validations (--patience)")
             return "patience"
         return ""
@@ -486,49 +560,6 @@ def check_languages(data_dir: Path, meta: dict, cfg: TrainConfig) -> None:
         if asked and asked != held:
             raise ConfigError(f"{option} {asked}, but {data_dir} holds {meta['src_lang']} -> {meta['tgt_lang']} data; "
                               f"drop {option} or binarize {asked} data")
-
-
-class Interrupts:
-    """Ctrl-C and SIGTERM (torchrun's, a scheduler's) stop training as a KeyboardInterrupt, which
-    saves last.pt, except while a checkpoint is being written: raised inside torch.save, it breaks
-    the zip writer (a RuntimeError "unexpected pos") and loses the save in progress. So inside
-    held() a signal is only noted, and raised when the write is done; once the run is stopping
-    (the interrupt's own save), further signals are ignored."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.previous: dict[int, Any] = {}
-        self.holding = self.pending = self.stopping = False
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():  # only it may set handlers
-            return
-        for signum in self.SIGNALS:
-            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup'd or backgrounded: stay deaf
-                self.previous[signum] = signal.signal(signum, self._handle)
-
-    def restore(self) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-        self.previous.clear()
-
-    def _handle(self, signum, frame) -> None:
-        if self.holding or self.stopping:
-            self.pending = True
-            return
-        raise KeyboardInterrupt
-
-    @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        self.holding = True
-        try:
-            yield
-        finally:
-            self.holding = False
-        if self.pending and not self.stopping:
-            self.pending = False
-            raise KeyboardInterrupt
 
 
 def _without(configs: dict) -> dict:
@@ -545,7 +576,7 @@ def _without(configs: dict) -> dict:
 
 
 def train(job: TrainJob) -> TrainResult:
-    linear.limit_primitive_cache()
+    kernels.limit_primitive_cache()
     result = Trainer(job).run()
     # after an error the process exits instead: leaving a group whose other ranks died can block
     distributed.close()

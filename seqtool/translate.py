@@ -27,8 +27,9 @@ from typing import BinaryIO, Iterable, Iterator, Optional, Sequence, TextIO, Uni
 import torch
 
 from . import allocator, ensemble, log, precision
-from .attention import align_hypotheses, format_alignment, resolve_layer
-from .config import ConfigError, DecodeConfig
+from .alignment import align_hypotheses, format_alignment, resolve_layer
+from .errors import ConfigError, InputError
+from .config import DecodeConfig
 from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
@@ -93,12 +94,16 @@ class Translator:
         if device.type == "cpu":
             allocator.keep_freed_memory()  # no page faults for every step's buffers (allocator.py)
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
-        model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
+        use_workers = config.workers > 1 and not config.score_reference  # reference scoring runs here, not in workers
+        if use_workers and device.type != "cpu":
+            raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
+        if use_workers and not config.print_alignment:  # the workers hold the models: N workers, N models
+            model, tokenizer_bytes = ensemble.load_header(paths)
+        else:
+            model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
         pool = None
-        if config.workers > 1 and not config.score_reference:  # reference scoring runs here, not in workers
-            if device.type != "cpu":
-                raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
+        if use_workers:
             from .workers import WorkerPool
 
             each = max(1, (config.threads or torch.get_num_threads()) // config.workers)
@@ -210,7 +215,7 @@ class Translator:
     def score(self, sources: Iterable[str], references: Iterable[str]):
         """The model's log-probability of each reference given its source (as --score-reference):
         ReferenceScore objects (.logprob, .average, .score(lenpen), .text), lazily a chunk at a time."""
-        from .reference import score_lines
+        from .reference_score import score_lines
 
         return score_lines(self, sources, references)
 
@@ -246,6 +251,9 @@ def format_translation(t: Translation, config: DecodeConfig) -> str:
     return "\n".join(rows) + "\n"
 
 
+MAX_LINE_BYTES = 1 << 20  # a sentence is a few hundred bytes; 1 MiB without a newline is not text to translate
+
+
 class _LineReader:
     """Reads lines (\\n only) in a thread, a block at a time, so the main loop can stop waiting
     after a short pause and a long input costs few queue operations."""
@@ -260,15 +268,21 @@ class _LineReader:
         # read1 returns what a pipe has (at least one byte) instead of waiting for a full block
         read = getattr(self.stream, "read1", None) or self.stream.read
         tail: list[bytes] = []  # the start of a line whose \n has not arrived yet
+        tail_bytes = 0
         lineno = 0
         try:
             while block := read(BLOCK_BYTES):
                 if b"\n" not in block:
                     tail.append(block)
+                    tail_bytes += len(block)
+                    if tail_bytes > MAX_LINE_BYTES:  # memory stays bounded, whatever the input
+                        raise InputError(f"{self.decode.where}:{lineno + 1}: a line of more than {MAX_LINE_BYTES:,} bytes; "
+                                         "translate reads one sentence per line (is this a text file?)")
                     continue
                 raws = (b"".join(tail) + block).split(b"\n") if tail else block.split(b"\n")
                 rest = raws.pop()  # after the last \n: empty, or a line still arriving
                 tail = [rest] if rest else []
+                tail_bytes = len(rest)
                 lines = []
                 try:
                     for raw in raws:
@@ -320,14 +334,14 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
     """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines.
 
     checkpoint_path: one checkpoint, or several for an ensemble. With config.score_reference, the
-    lines of config.target are scored instead (reference.py)."""
+    lines of config.target are scored instead (reference_score.py)."""
     # the inputs first: a missing file or a closed stdin is reported before the model loads
     if input_path is not None:
         stream, name = open_binary(input_path), str(input_path)
     else:
         stream, name = open_stdin(), "<stdin>"
     if config.score_reference:
-        from .reference import check_line_counts
+        from .reference_score import check_line_counts
 
         open_binary(Path(config.target)).close()
         if input_path is not None:
@@ -336,7 +350,7 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
         output = output or sys.stdout
         reader = _LineReader(stream, name, errors=config.errors)
         if config.score_reference:
-            from .reference import score_stream
+            from .reference_score import score_stream
 
             return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
         count = 0

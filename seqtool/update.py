@@ -32,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from . import log
-from .config import ConfigError, OptimConfig
+from .errors import ConfigError, ResourceError
+from .config import OptimConfig
 from .loss import label_smoothed_nll
 from .model import Transformer
 
@@ -47,7 +48,7 @@ class Diverged(ConfigError):
     """fp16 gradients keep overflowing: the fix is a setting (learning rate, clipping, bf16)."""
 
 
-class OutOfMemory(ConfigError):
+class OutOfMemory(ResourceError):
     """The device ran out of memory: the fix is a smaller batch, precision or model."""
 
 

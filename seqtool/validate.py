@@ -17,10 +17,11 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional, Protocol
 
 import torch
 
+from .checkpoint import TrainingState
 from .config import DecodeConfig, ModelConfig, TrainConfig
 from .data import ParallelDataset, collate, epoch_batches
 from .loss import label_smoothed_nll
@@ -47,14 +48,30 @@ class ValidResult:
         return float("nan") if value is None else float(value)
 
 
+class Share(Protocol):
+    """This process's part of a validation run by several (distributed.Group is one)."""
+
+    rank: int
+    world_size: int
+
+    def sum_floats(self, values: list[float]) -> list[float]: ...
+
+    def all_gather(self, value: Any) -> list: ...
+
+
 @torch.no_grad()
 def valid_loss(model, dataset: ParallelDataset, config: ModelConfig, max_tokens: int, label_smoothing: float,
-               device: torch.device, autocast: Callable[[], ContextManager] = nullcontext) -> tuple[float, float]:
+               device: torch.device, autocast: Callable[[], ContextManager] = nullcontext,
+               share: Optional[Share] = None) -> tuple[float, float]:
     """Label-smoothed loss and NLL per target token on `dataset`, batched as training batches are
-    (pairs longer than the model's positions are left out, as in training)."""
+    (pairs longer than the model's positions are left out, as in training). With `share`, each
+    process computes every world_size-th batch and the sums are added up: every process gets the
+    same figures, for a 1/world_size share of the work."""
     was_training = model.training
     model.eval()
     batches, _ = epoch_batches(dataset, max_tokens, config.max_positions, 0, 0, shuffle=False)
+    if share is not None:
+        batches = batches[share.rank::share.world_size]
     total_loss = total_nll = 0.0
     total_n = 0
     try:
@@ -69,6 +86,8 @@ def valid_loss(model, dataset: ParallelDataset, config: ModelConfig, max_tokens:
             total_n += n
     finally:
         model.train(was_training)
+    if share is not None:
+        total_loss, total_nll, total_n = share.sum_floats([total_loss, total_nll, float(total_n)])
     return total_loss / max(total_n, 1), total_nll / max(total_n, 1)
 
 
@@ -79,10 +98,12 @@ def decode_config(cfg: TrainConfig) -> DecodeConfig:
                         max_len_b=cfg.eval_bleu_max_len_b, precision="fp32")  # the training model's own weights
 
 
-def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, config: DecodeConfig, device: torch.device) -> list[str]:
+def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, config: DecodeConfig, device: torch.device,
+           share: Optional[Share] = None) -> list[str]:
     """Translations of the valid split's source side, in split order, by translate.Translator:
     the same cropping, length-sorted batching per chunk, search and detokenization as
-    `seqtool translate` on the detokenized source file."""
+    `seqtool translate` on the detokenized source file. With `share`, each process translates
+    every world_size-th chunk (each exactly as translate would) and all get every translation."""
     from .translate import Translator  # translate imports train, which imports this module
 
     model = getattr(model, "module", model)  # DistributedDataParallel
@@ -91,16 +112,18 @@ def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, config: Decode
     model.eval()
     try:
         translator = Translator(model, tokenizer, config, device)
-        out: list[str] = []
-        n = len(dataset)
-        for start in range(0, n, config.chunk_lines):  # translate's chunks: sorting and batching happen per chunk
-            ids = [dataset.src[i].tolist() for i in range(start, min(start + config.chunk_lines, n))]
+        chunks: dict[int, list[str]] = {}
+        n, size = len(dataset), config.chunk_lines
+        starts = range(0, n, size)  # translate's chunks: sorting and batching happen per chunk
+        for start in starts[share.rank::share.world_size] if share is not None else starts:
+            ids = [dataset.src[i].tolist() for i in range(start, min(start + size, n))]
             lines = [tokenizer.decode(seq) for seq in ids]
-            for t in translator.translate_ids(start, lines, ids):
-                out.append(t.texts[0].replace("\n", " ") if t.texts else "")  # as translate writes it
+            chunks[start] = [t.texts[0].replace("\n", " ") if t.texts else "" for t in translator.translate_ids(start, lines, ids)]
     finally:
         model.train(was_training)
-    return out
+    if share is not None:
+        chunks = {start: texts for part in share.all_gather(chunks) for start, texts in part.items()}
+    return [text for start in starts for text in chunks[start]]  # as translate writes them, in split order
 
 
 def references(tokenizer: Tokenizer, dataset: ParallelDataset) -> list[str]:
@@ -110,13 +133,14 @@ def references(tokenizer: Tokenizer, dataset: ParallelDataset) -> list[str]:
 
 def evaluate(model, dataset: ParallelDataset, tokenizer: Tokenizer, model_config: ModelConfig, cfg: TrainConfig,
              label_smoothing: float, device: torch.device,
-             autocast: Callable[[], ContextManager] = nullcontext) -> ValidResult:
-    """One validation: loss and NLL, and with cfg.eval_bleu also BLEU/chrF of decoded hypotheses."""
+             autocast: Callable[[], ContextManager] = nullcontext, share: Optional[Share] = None) -> ValidResult:
+    """One validation: loss and NLL, and with cfg.eval_bleu also BLEU/chrF of decoded hypotheses.
+    With `share` (several training processes) the work is split and every process gets the same result."""
     t0 = time.monotonic()
-    loss, nll = valid_loss(model, dataset, model_config, cfg.max_tokens, label_smoothing, device, autocast)
+    loss, nll = valid_loss(model, dataset, model_config, cfg.max_tokens, label_smoothing, device, autocast, share)
     result = ValidResult(loss, nll)
     if cfg.eval_bleu:
-        hyps = decode(model, tokenizer, dataset, decode_config(cfg), device)
+        hyps = decode(model, tokenizer, dataset, decode_config(cfg), device, share)
         bleu, chrf = score_lines(hyps, [references(tokenizer, dataset)], ("bleu", "chrf"))
         result.bleu, result.chrf, result.hypotheses = bleu.score, chrf.score, hyps
     result.seconds = time.monotonic() - t0
@@ -124,20 +148,18 @@ def evaluate(model, dataset: ParallelDataset, tokenizer: Tokenizer, model_config
 
 
 class EarlyStopping:
-    """Best value of --best-metric and validations without improving it, kept in `state` (the
-    trainer's progress dict, saved in last.pt) under best_metric_value, bad_validations and
-    best_valid_loss."""
+    """Best value of --best-metric and validations without improving it, kept in the run's
+    TrainingState (saved in last.pt): best_metric_value, bad_validations and best_valid_loss."""
 
-    def __init__(self, metric: str, patience: int, state: dict[str, Any]):
+    def __init__(self, metric: str, patience: int, state: TrainingState):
         self.metric, self.patience, self.state = metric, patience, state
         self.higher_is_better = metric != "loss"
-        state.setdefault("best_metric_value", -math.inf if self.higher_is_better else math.inf)
-        state.setdefault("bad_validations", 0)
-        state.setdefault("best_valid_loss", math.inf)
+        if state.best_metric_value is None:
+            state.best_metric_value = -math.inf if self.higher_is_better else math.inf
 
     @property
     def best(self) -> float:
-        return self.state["best_metric_value"]
+        return self.state.best_metric_value
 
     def beats_best(self, result: ValidResult) -> bool:
         """Whether `result` is better than the best so far (nothing recorded)."""
@@ -146,20 +168,19 @@ class EarlyStopping:
 
     def update(self, result: ValidResult) -> bool:
         """Record one validation; True when it improved the best value (a nan never does)."""
-        if result.loss < self.state["best_valid_loss"]:
-            self.state["best_valid_loss"] = result.loss
-        value = result.value(self.metric)
-        improved = value > self.best if self.higher_is_better else value < self.best
+        if result.loss < self.state.best_valid_loss:
+            self.state.best_valid_loss = result.loss
+        improved = self.beats_best(result)
         if improved:
-            self.state["best_metric_value"] = value
-            self.state["bad_validations"] = 0
+            self.state.best_metric_value = result.value(self.metric)
+            self.state.bad_validations = 0
         else:
-            self.state["bad_validations"] += 1
+            self.state.bad_validations += 1
         return improved
 
     @property
     def should_stop(self) -> bool:
-        return bool(self.patience) and self.state["bad_validations"] >= self.patience
+        return bool(self.patience) and self.state.bad_validations >= self.patience
 
 
 def summary_line(result: ValidResult, update: int, stopping: EarlyStopping) -> str:

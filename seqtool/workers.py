@@ -17,8 +17,9 @@ many cores) gain most.
 The workers start with the spawn method (no fork of a process that holds OpenMP threads) and
 load the checkpoint themselves (weights_only, as every load), so a program that embeds
 `Translator(workers=N)` needs the usual `if __name__ == "__main__":` guard of multiprocessing.
-They ignore SIGINT: Ctrl-C reaches the parent, which stops them. A worker that dies (killed,
-out of memory) fails the translation with an error instead of hanging it.
+They ignore SIGINT: Ctrl-C reaches the parent, which stops them; and they die with the parent
+however it ends (interrupts.die_with_parent). A worker that dies (killed, out of memory) fails
+the translation with an error instead of hanging it.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator, Optional
 
-from .config import ConfigError
+from .errors import ConfigError
+from .interrupts import die_with_parent
 
 _translator = None  # the worker process's own Translator
 
 
-def _start(load: Callable[[], object]) -> None:
+def _start(load: Callable[[], object], parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops the pool
+    die_with_parent(parent)  # SIGTERM, SIGKILL or the OOM killer of the parent: no worker left behind
     global _translator
     _translator = load()
 
@@ -58,7 +61,7 @@ class WorkerPool:
     def __init__(self, load: Callable[[], object], n: int):
         self.n = n
         self.executor = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-                                            initargs=(load,))
+                                            initargs=(load, os.getpid()))
         # Start (and load) every worker now, not inside the first translation: n jobs submitted
         # at once start n processes.
         try:

@@ -116,7 +116,7 @@ def interrupted_then_resumed(job, at_update: int, monkeypatch):
     real_step = Trainer._step
 
     def interrupt(self, *args):
-        if self.state["updates"] == at_update:
+        if self.state.updates == at_update:
             raise KeyboardInterrupt
         return real_step(self, *args)
 

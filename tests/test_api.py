@@ -5,9 +5,11 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from seqtool.cli import app
@@ -192,7 +194,34 @@ def test_worker_processes_translate_exactly_as_one_process(api, tmp_path):
     assert two.pool is None  # closed
     sampled = dict(device="cpu", sampling=True, nbest=2, max_len_b=8, batch_size=3, seed=7)
     with Translator.load(ckpt, threads=2, workers=2, **sampled) as two:
+        assert not isinstance(two.model, torch.nn.Module)  # the workers hold the models: N workers, N models
         assert two.translate(lines) == Translator.load(ckpt, threads=1, **sampled).translate(lines)
+
+
+def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint):
+    # SIGKILL (as the OOM killer) leaves the parent no chance to stop them: the kernel does (PDEATHSIG)
+    proc = subprocess.Popen([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--device", "cpu",
+                             "--threads", "2", "--workers", "2", "--max-len-b", "4"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(b"a b\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline()  # translating: the workers are up
+    workers = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    workers = [w for w in workers if b"spawn_main" in Path(f"/proc/{w}/cmdline").read_bytes()]
+    assert len(workers) == 2
+    proc.kill()
+    proc.wait()
+
+    def running(pid: int) -> bool:
+        try:
+            return "\tZ" not in next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("State:"))
+        except (OSError, StopIteration):
+            return False
+
+    deadline = time.time() + 20
+    while any(map(running, workers)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(map(running, workers))
 
 
 def test_cli_workers_write_every_line_in_order(tiny_checkpoint):

@@ -1,6 +1,7 @@
 """Never lose work: atomic saves down to the directory entry, kill -9 just before the rename,
 interval saves and update-numbered copies, interrupted runs (no best.pt without a validation)."""
 
+import dataclasses
 import os
 import stat
 import subprocess
@@ -12,6 +13,7 @@ import torch
 
 from seqtool import checkpoint
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
+from seqtool.errors import InputError
 from seqtool.textio import temp_path
 from seqtool.train import Trainer, TrainJob, train
 
@@ -190,3 +192,88 @@ def test_a_signal_during_a_checkpoint_write_waits_for_the_write(small_corpus, tm
     assert sorted(p.name for p in save.iterdir()) == ["config.json", "last.pt", "metrics.jsonl"]  # no temp file left
     monkeypatch.setattr(torch, "save", real_save)
     assert train(_job(small_corpus, save, max_updates=3)).updates == 3  # and the run resumes
+
+
+def test_the_torch_floor_has_no_known_weights_only_bypass():
+    # torch.load(weights_only=True) is what keeps a checkpoint from running code: torch below 2.10 has
+    # known bypasses (CVE-2025-32434 before 2.6, CVE-2026-24747 before 2.10), so pip may not pick one
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    floor = re.search(r'"torch>=([\d.]+)"', text).group(1)
+    assert tuple(int(x) for x in floor.split(".")) >= (2, 10)
+    assert tuple(int(x) for x in floor.split(".")) <= (2, 11)  # and no higher: users on 2.10 / 2.11 stay supported
+
+
+# ---- one run per directory; --force replaces the old run only once the new one has saved ----------
+def _snapshot(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def test_a_second_run_on_the_same_save_dir_is_refused_naming_the_holder(small_corpus, tmp_path):
+    save = tmp_path / "run"
+    save.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from seqtool.runlock import RunLock
+        lock = RunLock({str(save)!r}); lock.acquire(); print("locked", flush=True); time.sleep(120)""")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(InputError, match=rf"another seqtool train \(PID {holder.pid}\) is using this directory"):
+            train(_job(small_corpus, save, max_updates=1))
+        assert not (save / "last.pt").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert train(_job(small_corpus, save, max_updates=1)).updates == 1  # the holder's death freed it
+    assert not (save / ".seqtool.lock").exists()  # and a finished run leaves no lock file
+
+
+def test_force_deletes_nothing_until_the_new_run_has_saved(small_corpus, tmp_path, monkeypatch):
+    save = tmp_path / "run"
+    train(_job(small_corpus, save, max_updates=4, save_interval_updates=2, keep_last=2))
+    before = _snapshot(save)
+    assert "checkpoint_u4.pt" in before
+
+    def fails(self, *args):
+        raise RuntimeError("the new run dies before its first save")
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "_step", fails)
+        with pytest.raises(RuntimeError, match="dies before"):
+            train(dataclasses.replace(_job(small_corpus, save, max_updates=2), force=True))
+    assert _snapshot(save) == before  # the old run is whole
+    result = train(dataclasses.replace(_job(small_corpus, save, max_updates=1), force=True))
+    assert result.updates == 1
+    names = sorted(p.name for p in save.iterdir())
+    assert names == ["best.pt", "config.json", "last.pt", "metrics.jsonl"]  # the old run's numbered copies went
+    assert checkpoint.load(save / "last.pt")["train_state"]["progress"]["updates"] == 1
+    records = [line for line in (save / "metrics.jsonl").read_text().splitlines()]
+    assert all('"update": 1' in r for r in records)  # only the new run's metrics
+
+
+def test_a_save_cut_between_best_and_last_never_loses_the_better_best(small_corpus, tmp_path, monkeypatch):
+    import seqtool.validate
+    from seqtool.validate import ValidResult
+
+    losses = iter([3.0, 2.0, 2.5, 2.6])
+    monkeypatch.setattr(seqtool.validate, "evaluate", lambda *a, **k: ValidResult(*(2 * [next(losses)])))
+    real, calls = checkpoint.save, []
+
+    def killed_after_best(ckpt, path):
+        calls.append(path.name)
+        if calls.count("last.pt") == 2 and path.name == "last.pt":  # update 2: best.pt written, then SIGKILL
+            raise SystemExit("killed")
+        return real(ckpt, path)
+
+    job = dict(validate_interval_updates=1, ema_decay=0.0)
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint, "save", killed_after_best)
+        with pytest.raises(SystemExit):
+            train(_job(small_corpus, tmp_path / "run", max_updates=5, **job))
+    assert checkpoint.load(tmp_path / "run" / "best.pt")["valid"]["loss"] == 2.0
+    assert checkpoint.load(tmp_path / "run" / "last.pt")["train_state"]["progress"]["best_metric_value"] == 3.0
+    train(_job(small_corpus, tmp_path / "run", max_updates=3, **job))  # resumes at update 1; validates 2.5 at update 2
+    assert checkpoint.load(tmp_path / "run" / "best.pt")["valid"]["loss"] == 2.0  # not replaced by the worse 2.5

@@ -135,6 +135,19 @@ def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_p
     rngs = b["train_state"]["rng_ranks"]
     assert len(rngs) == 2 and b["train_state"]["world_size"] == 2
     assert not torch.equal(rngs[0]["cpu"], rngs[1]["cpu"])  # each rank its own dropout stream
+    # each rank validated half the batches and the sums were added: the figures of the whole split
+    valid = [[json.loads(r) for r in (d / "metrics.jsonl").read_text().splitlines() if '"valid"' in r] for d in (one, two)]
+    assert [v["loss"] for v in valid[1]] == pytest.approx([v["loss"] for v in valid[0]], rel=2e-3)
+
+
+def test_the_patience_stop_is_one_decision_for_every_rank(data_dir, tmp_path):
+    # a learning rate that wrecks the model: validation stops improving, and both ranks stop together
+    (tmp_path / "wild.toml").write_text("[optim]\nlr = 3.0\nwarmup = 1\n")
+    result = torchrun(2, data_dir, "--save-dir", tmp_path / "run", *CLI_SETTINGS, "--config", tmp_path / "wild.toml",
+                      "--patience", "1", "--validate-interval-updates", "1", "--max-updates", "40")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stopping: loss has not improved for 1 validations (--patience)" in result.stderr
+    assert checkpoint.load(tmp_path / "run" / "last.pt")["train_state"]["progress"]["updates"] < 40
 
 
 @pytest.mark.parametrize("fault", ["rank1-exit", "rank1-hang"])

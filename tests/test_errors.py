@@ -412,7 +412,8 @@ def _ctrl_c(proc: subprocess.Popen) -> tuple[str, str]:
     return out, err
 
 
-def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path, signum):
     lines = b"".join(b"a b c d e f g h i j %d\n" % (i % 7) for i in range(600_000))
     write_pair(tmp_path, "big", lines, lines)
     out_dir = tmp_path / "bin"
@@ -427,12 +428,46 @@ def test_ctrl_c_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path)
             return False
 
     assert _wait_for(started)
-    _, err = _ctrl_c(proc)
+    if signum == signal.SIGINT:
+        _, err = _ctrl_c(proc)  # a terminal's Ctrl-C: the whole group
+    else:
+        os.kill(proc.pid, signum)  # a scheduler's SIGTERM: the process it started
+        _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     # one error line, and neither the parent nor a worker prints a traceback
     assert [line for line in err.splitlines() if line.startswith("error:")] == ["error: interrupted"], err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert not out_dir.exists()
+
+
+def test_a_binarize_worker_killed_is_an_error_within_seconds_not_a_hang(corpus, tmp_path):
+    lines = b"".join(b"a b c d e f g h i j %d\n" % (i % 7) for i in range(600_000))
+    write_pair(tmp_path, "big", lines, lines)
+    out_dir = tmp_path / "bin"
+    proc = subprocess.Popen([*PYTHON, "binarize", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "big"),
+                             "--tokenizer", str(corpus / "spm.model"), "--out", str(out_dir), "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def workers() -> list[int]:
+        return [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+    def started() -> bool:
+        try:
+            return len(workers()) == 2 and any(p.suffix == ".tmp" and p.stat().st_size > 0 for p in out_dir.iterdir())
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    assert _wait_for(started)
+    pool = workers()
+    victim = pool[0]
+    os.kill(victim, signal.SIGKILL)  # as the OOM killer would
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: a --workers process (PID {victim}) died: killed, or out of memory; nothing was written; "
+        "run again, with fewer --workers if memory is short"], err
+    assert not out_dir.exists()
+    assert _wait_for(lambda: not any(map(_running, pool)), timeout=30)  # no worker left behind
 
 
 def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(corpus):
@@ -457,6 +492,14 @@ def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(
             assert pool.get(pool.submit(["a b"]))
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
+    try:
+        return "\tZ" not in next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return False
 
 
 def _children(pid: int) -> list[int]:
@@ -491,21 +534,36 @@ def test_ctrl_c_in_train_tokenizer_is_answered_at_once_and_keeps_the_previous_mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.txt", "spm.model", "spm.vocab", "tmp"]
 
 
-def test_ctrl_c_in_translate_output_keeps_the_previous_file(tiny_checkpoint, tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
+def test_a_signal_in_translate_output_keeps_the_previous_file_and_leaves_no_partial(tiny_checkpoint, tmp_path, signum, code):
     out = tmp_path / "out.txt"
     out.write_text("previous translation\n")
     proc = subprocess.Popen([*PYTHON, "translate", "-c", str(tiny_checkpoint), *TRANSLATE, "--output", str(out)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **CTRL_C_ABLE)
     proc.stdin.write(b"a b\nc d\n")
     proc.stdin.flush()  # stdin stays open: translate is mid-stream, waiting for more
-    partial = tmp_path / ".out.txt.partial"
+    partial = tmp_path / f".out.txt.{proc.pid}.partial"  # the writer's PID: two runs never share a temp file
     assert _wait_for(lambda: partial.exists() and partial.stat().st_size > 0)
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert err.decode().strip() == "error: interrupted"
     assert out.read_text() == "previous translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+@pytest.mark.parametrize("which", ["input", "target", "checkpoint"])
+def test_translate_output_may_not_be_one_of_its_inputs(tiny_checkpoint, tmp_path, which):
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("a b\n")
+    ref.write_text("b a\n")
+    ckpt = tmp_path / "model.pt"
+    shutil.copy(tiny_checkpoint, ckpt)
+    output = {"input": src, "target": ref, "checkpoint": ckpt}[which]
+    before = output.read_bytes()
+    result = cli("translate", "-c", ckpt, *TRANSLATE, "--input", src, "--score-reference", "--target", ref, "--output", output)
+    one_error(result, f"--output is the --{which} file")
+    assert output.read_bytes() == before
 
 
 def test_ctrl_c_in_train_saves_a_resumable_checkpoint(data_dir, tmp_path):
@@ -520,3 +578,9 @@ def test_ctrl_c_in_train_saves_a_resumable_checkpoint(data_dir, tmp_path):
     ckpt = checkpoint.load(run / "last.pt")  # complete and verified, not half-written
     assert ckpt["train_state"]["progress"]["updates"] >= 1
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
+
+
+def test_translate_input_without_newlines_is_refused_not_buffered_without_end(tiny_checkpoint):
+    # memory is bounded by a setting, not by the input: 2 MiB and no newline is not a sentence
+    result = cli("translate", "-c", tiny_checkpoint, *TRANSLATE, input="ab " * (700 << 10))
+    one_error(result, "<stdin>:1: a line of more than 1,048,576 bytes", "one sentence per line")

@@ -79,23 +79,33 @@ def test_ctranslate2_decodes_the_export_as_seqtool_does(corpus, pre_norm):
         torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=2e-3, rtol=1e-3)  # float32, different kernels
 
 
-def test_refuses_to_overwrite_without_force_and_replaces_with_it(tiny_checkpoint, tmp_path):
+def test_refuses_to_overwrite_without_force_and_replaces_only_its_own_output(tiny_checkpoint, tmp_path):
     out = tmp_path / "ct2"
     out.mkdir()
     (out / "mine.txt").write_text("keep")
     with pytest.raises(InputError, match="already exists; pass --force"):
         export(tiny_checkpoint, out)
+    with pytest.raises(InputError, match="was not written by seqtool export"):  # a user's directory: never deleted
+        export(tiny_checkpoint, out, force=True)
     assert (out / "mine.txt").read_text() == "keep"
-    export(tiny_checkpoint, out, force=True)
-    assert not (out / "mine.txt").exists() and (out / "model.bin").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # no temporary directory left behind
+    run_dir = tiny_checkpoint.parent  # e.g. `seqtool export runs/x/best.pt runs/x --force`: the run directory itself
+    before = sorted(p.name for p in run_dir.iterdir())
+    with pytest.raises(InputError, match="was not written by seqtool export"):
+        export(tiny_checkpoint, run_dir, force=True)
+    assert sorted(p.name for p in run_dir.iterdir()) == before
+    mine = tmp_path / "exported"
+    export(tiny_checkpoint, mine)
+    (mine / "stale.txt").write_text("from the first export")
+    export(tiny_checkpoint, mine, force=True)  # seqtool's own export: replaced
+    assert not (mine / "stale.txt").exists() and (mine / "model.bin").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary directory left behind
 
 
 def test_a_failed_export_leaves_nothing_and_keeps_the_old_directory(tiny_checkpoint, tmp_path, monkeypatch):
     import seqtool.export
 
     out = tmp_path / "ct2"
-    out.mkdir()
+    export(tiny_checkpoint, out)
     (out / "mine.txt").write_text("keep")
 
     def broken(ckpt):

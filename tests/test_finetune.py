@@ -34,7 +34,7 @@ def test_finetune_starts_at_update_0_from_the_checkpoint_weights_and_model(small
     # the job asks for the default (small) model: the checkpoint's tiny one is used instead
     trainer = Trainer(_job(small_corpus, tmp_path / "ft", Finetune(parent / "best.pt"), model="small", max_updates=2))
     source = checkpoint.load(parent / "best.pt")
-    assert trainer.state["updates"] == 0 and not trainer.optimizer.state  # fresh progress and optimizer
+    assert trainer.state.updates == 0 and not trainer.optimizer.state  # fresh progress and optimizer
     assert trainer.model_config.to_dict() == source["model_config"]
     for name, value in checkpoint.model_state(trainer.model).items():
         assert torch.equal(value, source["weights"][name]), name

@@ -8,7 +8,23 @@ import subprocess
 import sys
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seqtool"
-TRAINING = {"train", "update", "distributed", "validate", "finetune", "metrics", "binarize", "data", "schedule", "ema"}
+TRAINING = {"train", "update", "distributed", "validate", "finetune", "metrics", "binarize", "data", "schedule", "ema", "loss"}
+
+# The layers, top to bottom: a module imports only modules of layers below its own (lazily or not).
+# cli -> commands (train | plot, info, export) -> training steps -> translate -> search, ensemble,
+# workers -> checkpoint, tokenizer -> model, device -> kernels, cache, config, text I/O -> log, errors.
+LAYERS = [
+    {"__main__"},
+    {"cli"},
+    {"train", "plot", "info", "export"},
+    {"validate", "finetune", "update", "binarize", "distributed", "ema", "schedule", "metrics"},
+    {"translate", "data", "loss"},
+    {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
+    {"checkpoint", "precision", "tokenizer"},
+    {"model", "device", "allocator"},
+    {"kernels", "cache", "config", "textio", "runlock"},
+    {"log", "errors", "interrupts"},
+]
 
 
 def imports_of(path: pathlib.Path) -> set[str]:
@@ -65,3 +81,13 @@ def test_the_contract_catches_a_circle(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
     assert graph() == {"a": {"b"}, "b": {"a"}}
     assert circles(graph()) == ["a -> b -> a", "b -> a -> b"]
+
+
+def test_every_module_imports_only_the_layers_below_it():
+    layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
+    g = graph()
+    unplaced = sorted(set(g) - set(layer_of))
+    assert not unplaced, f"modules in no layer (add them to LAYERS): {unplaced}"
+    upward = [f"{m} (layer {layer_of[m]}) imports {n} (layer {layer_of[n]})"
+              for m in sorted(g) for n in sorted(g[m]) if layer_of[n] <= layer_of[m]]
+    assert not upward, "imports against the layers: " + "; ".join(upward)

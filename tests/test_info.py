@@ -34,7 +34,7 @@ def test_info_of_last_pt(run_dir):
     assert f"{_parameters(run_dir / 'last.pt'):,}" in out
     assert "25 pieces" in out and "version 1" in out and "updates 3" in out
     assert "best valid loss" in out and "d_model=128" in out and "max_tokens=600" in out
-    assert "KB" in out or "MB" in out
+    assert "kB" in out or "MB" in out  # rich.filesize's decimal units
 
 
 def test_info_of_best_pt_as_json(run_dir):

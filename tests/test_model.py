@@ -7,7 +7,8 @@ import torch
 
 from seqtool.config import ModelConfig, model_config_for
 from seqtool.loss import label_smoothed_nll
-from seqtool.model import KVCache, MultiHeadAttention, Transformer, sinusoidal_positions
+from seqtool.cache import KVCache
+from seqtool.model import MultiHeadAttention, Transformer, sinusoidal_positions
 
 
 def _src_tgt(batch=3, S=7, T=6, vocab=40):
@@ -235,7 +236,7 @@ def test_bf16_autocast_runs_on_cpu(tiny_model):
 # ---- bf16 training on CPU: dropout masks, attention path, loss over bf16 logits -------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_dropout_mask_drops_p_and_keeps_the_expectation_in_any_dtype(dtype):
-    from seqtool.model import _keep_mask
+    from seqtool.kernels import _keep_mask
 
     torch.manual_seed(0)
     mask = _keep_mask(torch.empty(400_000, dtype=dtype), 0.1)

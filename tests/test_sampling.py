@@ -7,7 +7,7 @@ import torch
 
 from seqtool.config import model_config_for
 from seqtool.model import Transformer
-from seqtool.reference import reference_logprobs
+from seqtool.reference_score import reference_logprobs
 from seqtool.search import Sampling, draw, greedy_search, sample, search, uniforms
 from test_search import EOS, NO_EOS, PAD, A, B, ScriptedModel
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 import seqtool.validate
 from seqtool import checkpoint
+from seqtool.checkpoint import TrainingState
 from seqtool.cli import app
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.metrics import MetricsLog
@@ -123,14 +124,14 @@ def test_resume_continues_the_patience_count(small_corpus, tmp_path, monkeypatch
 
 
 def test_early_stopping_directions_and_nan():
-    state: dict = {}
+    state = TrainingState()
     bleu = EarlyStopping("bleu", 2, state)
     assert bleu.update(ValidResult(5.0, 5.0, bleu=10.0)) and bleu.best == 10.0
     assert not bleu.update(ValidResult(1.0, 1.0, bleu=9.0))  # a better loss does not matter
-    assert state["best_valid_loss"] == 1.0 and not bleu.should_stop
+    assert state.best_valid_loss == 1.0 and not bleu.should_stop
     assert not bleu.update(ValidResult(1.0, 1.0, bleu=float("nan")))  # a diverged run never improves
     assert bleu.should_stop
-    loss = EarlyStopping("loss", 0, {})
+    loss = EarlyStopping("loss", 0, TrainingState())
     assert loss.update(ValidResult(2.0, 2.0)) and not loss.update(ValidResult(2.0, 2.0))
     assert not loss.should_stop  # patience 0: never stops
     assert math.isnan(ValidResult(1.0, 1.0).value("bleu"))

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from seqtool.attention import align_hypotheses, force_decode, format_alignment, hard_alignment
-from seqtool.config import ConfigError, DecodeConfig
+from seqtool.alignment import align_hypotheses, force_decode, format_alignment, hard_alignment
+from seqtool.config import ConfigError, DecodeConfig, model_config_for
 from seqtool.model import MultiHeadAttention
 from seqtool.search import Hypothesis
 from seqtool.translate import Translator, format_translation
@@ -265,3 +265,24 @@ def test_attention_without_output_or_terminal_and_a_missing_layer_are_refused(ti
     result = CliRunner().invoke(app, ["translate", "-c", str(tiny_checkpoint), "--print-alignment", "--alignment-layer", "3",
                                       "--device", "cpu"], input="a b\n")
     assert result.exit_code == 1 and result.output.strip() == "error: --alignment-layer 3: the model has layers 1 to 2"
+
+
+@pytest.mark.parametrize("n, heads, layers", [(8, 4, 1), (60, 4, 1), (200, 4, 1), (200, 16, 6)])
+def test_a_picture_stays_bounded_and_legible_whatever_the_lengths(n, heads, layers):
+    # a 200-token translation once drew 16,428 x 12,433 pixels: the canvas is capped, labels thinned
+    from seqtool.alignment import AttentionWeights
+    from seqtool.plot import MAX_FIGURE_INCHES, SentenceAttention, draw_figure, selected_layers
+
+    weights = AttentionWeights([torch.rand(1, heads, n, n)] * layers, [torch.rand(1, heads, n, n)] * layers,
+                               [torch.rand(1, heads, n, n)] * layers)
+    pieces = [f"t{i}" for i in range(n)]
+    att = SentenceAttention(pieces, pieces, pieces, "x", weights)
+    config = model_config_for("tiny", n_heads=heads, d_model=16 * heads, encoder_layers=layers, decoder_layers=layers)
+    fig = draw_figure(att, selected_layers(config, 0, all_layers=True))
+    width, height = fig.get_size_inches()
+    assert width <= MAX_FIGURE_INCHES[0] + 1e-6 and height <= MAX_FIGURE_INCHES[1] + 1e-6
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[0] == "t0" and len(labels) <= max(1, (fig.get_size_inches()[0] / heads) / 0.1)  # >= ~0.1 inch each
+    if n <= 60:
+        assert len(labels) == n  # short sentences: every token labelled

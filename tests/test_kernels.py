@@ -4,7 +4,7 @@ import os
 import pytest
 import torch
 
-from seqtool import linear as lin
+from seqtool import kernels as lin
 
 
 @pytest.mark.skipif(not lin.ONEDNN, reason="this torch build has no oneDNN")
@@ -38,7 +38,7 @@ def test_other_layers_and_autocast_take_the_module_path():
 
 
 def test_training_caps_onednn_primitive_cache_but_a_user_setting_wins(monkeypatch):
-    from seqtool.linear import limit_primitive_cache
+    from seqtool.kernels import limit_primitive_cache
 
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
     limit_primitive_cache()

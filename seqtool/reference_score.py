@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from . import log
-from .textio import InputError, open_binary, read_lines
+from .errors import InputError
+from .textio import open_binary, read_lines
 
 BLOCK_BYTES = 1 << 20
 

@@ -21,7 +21,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .config import ConfigError
+from .errors import ConfigError
 
 
 @dataclass

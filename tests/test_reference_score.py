@@ -9,7 +9,7 @@ import torch
 from seqtool.config import DecodeConfig, model_config_for
 from seqtool.ensemble import Ensemble
 from seqtool.model import Transformer
-from seqtool.reference import count_lines, reference_logprobs
+from seqtool.reference_score import count_lines, reference_logprobs
 from seqtool.search import beam_search
 from seqtool.textio import InputError
 from seqtool.translate import Translator

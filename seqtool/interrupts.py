@@ -1,0 +1,69 @@
+"""Signals: Ctrl-C and SIGTERM during training stop cleanly, but never in the middle of writing a
+checkpoint (Interrupts); and every process seqtool starts ends with it (die_with_parent)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Any, Iterator
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM (torchrun's, a scheduler's) stop training as a KeyboardInterrupt, which
+    saves last.pt, except while a checkpoint is being written: raised inside torch.save, it breaks
+    the zip writer (a RuntimeError "unexpected pos") and loses the save in progress. So inside
+    held() a signal is only noted, and raised when the write is done; once the run is stopping
+    (the interrupt's own save), further signals are ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.holding = self.pending = self.stopping = False
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():  # only it may set handlers
+            return
+        for signum in self.SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:  # nohup'd or backgrounded: stay deaf
+                self.previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+        self.previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.holding or self.stopping:
+            self.pending = True
+            return
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending and not self.stopping:
+            self.pending = False
+            raise KeyboardInterrupt
+
+
+def die_with_parent(parent: int) -> None:
+    """In a child process: be killed (SIGKILL) when the parent process `parent` ends, however it ends
+    (Ctrl-C, SIGTERM, SIGKILL, the OOM killer), so no decoding or tokenizer process outlives the
+    command that started it. Linux (prctl PR_SET_PDEATHSIG); elsewhere a no-op. A parent that died
+    before this call is noticed at once: the child exits."""
+    try:
+        import ctypes
+
+        if ctypes.CDLL(None).prctl(1, signal.SIGKILL) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # orphaned already (re-parented) before the signal was armed
+        os._exit(1)
