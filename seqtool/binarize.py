@@ -85,6 +85,8 @@ class _EncodingPool:
     def check(self) -> None:
         if self.interrupted.is_set():
             raise KeyboardInterrupt
+
+    def check_workers(self) -> None:
         dead = self.worker_pids - {p.pid for p in mp.active_children()}
         if dead:
             raise ResourceError(f"a --workers process (PID {min(dead)}) died: killed, or out of memory; nothing was "
@@ -98,6 +100,7 @@ class _EncodingPool:
         while not result.ready():
             result.wait(0.05)
             self.check()
+            self.check_workers()
         return result.get()
 
     def __exit__(self, *exc) -> None:
