@@ -115,7 +115,7 @@ def draw_figure(att: SentenceAttention, layers: dict[str, list[int]]):
 
 
 INCH_PER_TOKEN = 0.13  # a 7 pt label needs ~0.1 inch; at 150 dpi ~15 pixels
-MAX_FIGURE_INCHES = (32.0, 40.0)  # width, height: at most 4,800 x 6,000 pixels, whatever the lengths
+MAX_FIGURE_INCHES = (40.0, 40.0)  # width, height: at most 6,000 x 6,000 pixels at 150 dpi, whatever the lengths
 
 
 def panel_layout(n: int, heads: int, rows: int) -> tuple[float, int]:
