@@ -191,6 +191,6 @@ def summary_line(result: ValidResult, update: int, stopping: EarlyStopping) -> s
     best = stopping.best
     parts.append(f"best {stopping.metric} {best:.3f}" if math.isfinite(best) else f"best {stopping.metric} -")
     if stopping.patience:
-        parts.append(f"{stopping.state['bad_validations']}/{stopping.patience} without improvement")
+        parts.append(f"{stopping.state.bad_validations}/{stopping.patience} without improvement")
     parts.append(f"{result.seconds:.1f}s")
     return " | ".join(parts)
