@@ -57,11 +57,12 @@ def plot(runs: list, fairseq_log, fairseq_bleu, out: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
-    for (run, label, bleu), color in zip(runs, COLORS):
+    for i, ((run, label, bleu), color) in enumerate(zip(runs, COLORS)):
         x, y = seqtool_points(run)
         ax.plot(x, y, "o-", color=color, label=label, markersize=4)
-        if bleu is not None and x:
-            ax.annotate(f"test BLEU {bleu:.1f}", (x[-1], y[-1]), textcoords="offset points", xytext=(10, -4), ha="left", color=color)
+        if bleu is not None and x:  # stacked above the last points, inside the axes
+            ax.annotate(f"test BLEU {bleu:.1f}", (x[-1], y[-1]), textcoords="offset points", xytext=(-6, 10 + 14 * i),
+                        ha="right", color=color)
     if fairseq_log:
         fx, fy = fairseq_points(fairseq_log)
         ax.plot(fx, fy, "s-", color="#cf222e", label="fairseq 0.12.3, cpu-small protocol (this run)", markersize=4)
