@@ -43,6 +43,33 @@ def test_tokenizer_reads_gzip_and_samples(tmp_path):
     assert Tokenizer.load(model).vocab_size == 100
 
 
+def test_the_tokenizer_streams_its_text_and_sentencepiece_samples_it_reproducibly(tmp_path, monkeypatch):
+    # memory is bounded by --input-sentence-size, not by the corpus: the lines reach sentencepiece as a
+    # stream (never a list of the whole corpus), with its own sampling, seeded
+    import seqtool.tokenizer as tk
+
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(3, 9))) for _ in range(300)]
+    (tmp_path / "a.txt").write_text("\n".join(" ".join(rng.choice(words, 6)) for _ in range(3000)) + "\n\n")
+    config = TokenizerConfig(vocab_size=100, input_sentence_size=500, threads=1)
+    seen = {}
+    real = tk.spm.SentencePieceTrainer.train
+
+    def spy(**kwargs):
+        seen.update(kwargs)
+        return real(**kwargs)
+
+    monkeypatch.setattr(tk, "_train_in_child", lambda files, prefix, cfg: tk._train_spm(files, prefix, cfg))  # in-process
+    monkeypatch.setattr(tk.spm.SentencePieceTrainer, "train", spy)
+    train_tokenizer([tmp_path / "a.txt"], str(tmp_path / "m1"), config)
+    assert not isinstance(seen["sentence_iterator"], (list, tuple))  # a generator over the files
+    assert seen["input_sentence_size"] == 500 and seen["shuffle_input_sentence"]
+    train_tokenizer([tmp_path / "a.txt"], str(tmp_path / "m2"), config)
+    pieces = [[t.sp.id_to_piece(i) for i in range(t.vocab_size)] for t in map(Tokenizer.load, (tmp_path / "m1.model", tmp_path / "m2.model"))]
+    assert pieces[0] == pieces[1]  # the sample is seeded: the same pieces
+    assert TokenizerConfig().input_sentence_size == 1_000_000  # bounded by default
+
+
 def test_vocab_too_large_gives_advice(tmp_path):
     (tmp_path / "t.txt").write_text("a b\n")
     with pytest.raises(InputError, match=r"--vocab-size 5000 is too large for this data \(at most \d+ pieces"):
