@@ -300,10 +300,18 @@ def rank_seed(seed: int, rank: int) -> int:
 
 
 # ---- fault injection (tests) ------------------------------------------------------------------
+def slow_preparation_point(group: Group) -> None:
+    """Test hook: SEQTOOL_FAULT=rank0-slow-prepare-<S> makes rank 0's data preparation S seconds longer
+    (longer than --dist-timeout: the others must still wait for it)."""
+    match = re.fullmatch(r"rank0-slow-prepare-(\d+)", os.environ.get(FAULT_ENV, ""))
+    if match and group.is_main:
+        time.sleep(int(match.group(1)))
+
+
 def fault_point(group: Group, updates: int) -> None:
     """Test hook: SEQTOOL_FAULT=rank<R>-hang|exit fires on rank R before its second update."""
     spec = os.environ.get(FAULT_ENV, "")
-    if not spec or updates != 1:
+    if not spec or updates != 1 or spec.startswith("rank0-slow-prepare"):
         return
     match = re.fullmatch(r"rank(\d+)-(hang|exit)", spec)
     if not match:

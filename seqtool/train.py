@@ -150,6 +150,8 @@ class Trainer:
         source = finetune.load_source(job.finetune) if job.finetune is not None else None
         self.dist = distributed.start(env, self.device, cfg.dist_timeout)
         if job.raw is not None:  # rank 0 prepares SAVE_DIR/data, the others wait for it
+            if self.dist.is_main:
+                distributed.slow_preparation_point(self.dist)
             data_dir = prepare_raw(job, source) if self.dist.is_main else Path(job.save_dir) / "data"
             self.dist.barrier(f"waiting for rank 0 to prepare {data_dir}", patient=True)  # not bounded by --dist-timeout
         else:

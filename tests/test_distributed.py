@@ -162,3 +162,16 @@ def test_a_rank_that_fails_or_hangs_ends_the_job_with_an_error(data_dir, tmp_pat
     assert elapsed < 120, elapsed  # startup + --dist-timeout + torchrun's teardown, never a silent hang
     if fault == "rank1-hang":  # rank 0 gave up on its own, saying why
         assert "rank 0:" in result.stderr and "--dist-timeout 15s" in result.stderr, result.stderr[-3000:]
+
+
+def test_the_others_wait_for_rank_0_preparing_data_longer_than_the_dist_timeout(data_dir, tmp_path):
+    # rank 0 trains the tokenizer and binarizes raw files; a large corpus takes longer than any collective
+    # should wait, so that wait is not bounded by --dist-timeout (here 5 s against a 12-s preparation)
+    raw = data_dir.parent
+    started = time.monotonic()
+    result = torchrun(2, "--src", "src", "--tgt", "tgt", "--train", raw / "train", "--valid", raw / "valid",
+                      "--vocab-size", "25", "--save-dir", tmp_path / "run", *CLI_SETTINGS, "--dist-timeout", "5",
+                      env={distributed.FAULT_ENV: "rank0-slow-prepare-12"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert time.monotonic() - started > 12
+    assert checkpoint.load(tmp_path / "run" / "last.pt")["train_state"]["progress"]["updates"] == 3
