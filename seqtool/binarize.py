@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
-import os
 import json
 import multiprocessing as mp
+import os
 import signal
 import threading
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
@@ -68,48 +71,59 @@ class _EncodingPool:
     def __enter__(self) -> "_EncodingPool":
         main = threading.current_thread() is threading.main_thread()  # only it may set handlers
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
-        others = {p.pid for p in mp.active_children()}
         try:
-            self.pool = mp.get_context("spawn").Pool(self.workers, _init_worker, (self.model_bytes,))
+            # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of memory)
+            # the executor reports it (BrokenProcessPool) and stops the others; Pool waits forever
+            # for the lost chunk, and its terminate() can block on a queue lock the dead worker held
+            self.executor = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                                                initargs=(self.model_bytes,))
+            list(self.executor.map(_pid, range(self.workers)))  # start every worker now, while SIGINT is ignored
+        except BrokenProcessPool:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+            raise ResourceError(f"--workers {self.workers}: an encoding process failed to start (out of memory?)") from None
         finally:
             if main:
                 signal.signal(signal.SIGINT, previous)
         if main:  # SIGTERM too: it also stops the run with its temp files removed
             self.previous = signal.signal(signal.SIGINT, lambda signum, frame: self.interrupted.set())
             self.previous_term = signal.signal(signal.SIGTERM, lambda signum, frame: self.interrupted.set())
-        # the pool's worker processes: one that dies takes its chunk with it, and Pool would wait
-        # for that result forever
-        self.worker_pids = {p.pid for p in mp.active_children()} - others
         return self
 
     def check(self) -> None:
         if self.interrupted.is_set():
             raise KeyboardInterrupt
 
-    def check_workers(self) -> None:
-        dead = self.worker_pids - {p.pid for p in mp.active_children()}
-        if dead:
-            raise ResourceError(f"a --workers process (PID {min(dead)}) died: killed, or out of memory; nothing was "
-                                f"written; run again, with fewer --workers if memory is short")
-
     def submit(self, lines: list[str]):
         self.check()
-        return self.pool.apply_async(_encode_chunk, (lines,))
+        try:
+            return self.executor.submit(_encode_chunk, lines)
+        except BrokenProcessPool:
+            raise self._died() from None
 
     def get(self, result) -> list[list[int]]:
-        while not result.ready():
-            result.wait(0.05)
-            self.check()
-            self.check_workers()
-        return result.get()
+        while True:
+            try:
+                return result.result(timeout=0.05)
+            except FutureTimeout:
+                self.check()
+            except BrokenProcessPool:
+                raise self._died() from None
+
+    def _died(self) -> ResourceError:
+        return ResourceError("a --workers process died: killed, or out of memory; nothing was written; "
+                             "run again, with fewer --workers if memory is short")
 
     def __exit__(self, *exc) -> None:
-        self.pool.terminate()
+        self.executor.shutdown(wait=False, cancel_futures=True)  # running chunks are small: the workers exit at once
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
             signal.signal(signal.SIGTERM, self.previous_term)
         if exc[0] is None:
             self.check()  # a Ctrl-C after the last check still stops the run before anything is committed
+
+
+def _pid(_) -> int:
+    return os.getpid()
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:
