@@ -114,7 +114,9 @@ class _EncodingPool:
                              "run again, with fewer --workers if memory is short")
 
     def __exit__(self, *exc) -> None:
-        self.executor.shutdown(wait=False, cancel_futures=True)  # running chunks are small: the workers exit at once
+        # wait for the running chunks (small) so the workers are gone when this returns; wait=False leaves
+        # concurrent.futures' exit hook writing to a closed pipe (a traceback at exit, Python 3.11)
+        self.executor.shutdown(wait=True, cancel_futures=True)
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
             signal.signal(signal.SIGTERM, self.previous_term)
