@@ -15,6 +15,8 @@ from typer.testing import CliRunner
 from seqtool.cli import app
 from seqtool.config import ConfigError
 
+from conftest import process_running
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -212,16 +214,10 @@ def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint)
     proc.kill()
     proc.wait()
 
-    def running(pid: int) -> bool:
-        try:
-            return "\tZ" not in next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("State:"))
-        except (OSError, StopIteration):
-            return False
-
     deadline = time.time() + 20
-    while any(map(running, workers)) and time.time() < deadline:
+    while any(map(process_running, workers)) and time.time() < deadline:
         time.sleep(0.05)
-    assert not any(map(running, workers))
+    assert not any(map(process_running, workers))
 
 
 def test_cli_workers_write_every_line_in_order(tiny_checkpoint):

@@ -464,14 +464,6 @@ def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (an exited child its parent has not reaped yet)."""
-    try:
-        return "\tZ" not in next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("State:"))
-    except (OSError, StopIteration):
-        return False
-
-
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
