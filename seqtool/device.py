@@ -11,7 +11,7 @@ What auto picks, and why (each measured; bench/results.md):
   ``--precision bf16`` there gets a warning with that figure;
 - CUDA: training in bf16 (fp16 with loss scaling on GPUs before Ampere); decoding in bf16 where
   the GPU has it (H200, beam 5, 256 lines: 0.47 s against fp32's 0.82 s once cuDNN attention was
-  off, see decode_without_cudnn_attention; BLEU within 0.01 of fp32 in bench/gpu.py), else fp32
+  off, see sdpa_without_cudnn; BLEU within 0.01 of fp32 in bench/gpu.py), else fp32
   (fp16 decoding measured no faster than fp32).
 """
 
@@ -59,13 +59,15 @@ def cpu_bf16_instructions() -> str:
     return ""
 
 
-def decode_without_cudnn_attention() -> None:
-    """Decoding on CUDA: scaled_dot_product_attention without its cuDNN backend. SDPA picks cuDNN's
-    attention for bf16/fp16 on recent GPUs, and cuDNN builds an execution plan for every new
-    shape; decoding makes a new shape at every step (the cache grows) and every batch (source
-    lengths), so bf16/fp16 beam search spent its time building plans: 12x slower than fp32 on an
-    H200 (bench/gpu.py), 3.4x on random weights (bench/gpu_decode_profile.py), with the GPU idle.
-    Flash and memory-efficient attention need no plan. Process-wide, like the thread count."""
+def sdpa_without_cudnn() -> None:
+    """Training and decoding on CUDA: scaled_dot_product_attention without its cuDNN backend. SDPA
+    picks cuDNN's attention for bf16/fp16 on recent GPUs, and cuDNN builds an execution plan for
+    every new shape. Token-budget batches bring a new (rows, length) shape at most updates, and
+    decoding one at every step (the cache grows) and batch, so the GPU sat idle while plans were
+    built: base-preset bf16 training ran at 41,464 target tokens/s with cuDNN attention and
+    132,783 without it on an H200 (bench/gpu_train_profile.py, 80 updates), and bf16 beam search
+    was 12x slower than fp32 (bench/gpu.py; 3.4x on random weights, bench/gpu_decode_profile.py).
+    The memory-efficient and flash kernels need no plan. Process-wide, like the thread count."""
     enable = getattr(torch.backends.cuda, "enable_cudnn_sdp", None)
     if enable is not None:
         enable(False)

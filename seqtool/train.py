@@ -29,7 +29,7 @@ from . import allocator, checkpoint, distributed, finetune, kernels, log, schedu
 from .binarize import SplitSpec, binarize
 from .config import ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
 from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
-from .device import pick_device, resolve_precision
+from .device import pick_device, resolve_precision, sdpa_without_cudnn
 from .ema import EMA
 from .interrupts import Interrupts
 from .errors import ConfigError, InputError
@@ -145,6 +145,8 @@ class Trainer:
         self.device = distributed.device_for(env, pick_device(cfg.device))
         # CPU training returns the heap's free pages between updates (allocator.HeapTrimmer)
         self.trim_heap = allocator.HeapTrimmer(HEAP_TRIM_SECONDS if self.device.type == "cpu" else 0.0)
+        if self.device.type == "cuda":
+            sdpa_without_cudnn()  # no cuDNN plan built per batch shape (device.py)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         source = finetune.load_source(job.finetune) if job.finetune is not None else None

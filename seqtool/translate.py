@@ -33,7 +33,7 @@ from .config import DecodeConfig
 from .search import Hypothesis, Sampling, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
-from .device import announce, auto_precision, decode_without_cudnn_attention, pick_device, resolve_precision
+from .device import announce, auto_precision, pick_device, resolve_precision, sdpa_without_cudnn
 
 IDLE_FLUSH_SECONDS = 0.05
 BLOCK_BYTES = 1 << 16  # the reader's largest read
@@ -90,7 +90,7 @@ class Translator:
             resolve_precision(config.precision, device, "translate")  # refuses or warns where it cannot run well
         precision.check(device, config.precision, config.quantize)
         if device.type == "cuda":
-            decode_without_cudnn_attention()  # no execution plan built per step (device.py)
+            sdpa_without_cudnn()  # no execution plan built per step (device.py)
         if device.type == "cpu":
             allocator.keep_freed_memory()  # no page faults for every step's buffers (allocator.py)
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]

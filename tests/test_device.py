@@ -63,3 +63,15 @@ def test_translate_resolves_auto_once_and_warns_on_emulated_bf16(cpu_flags, tiny
 def test_this_machine_reports_its_capability():
     assert device.cpu_capability() in ("AVX2", "AVX512", "DEFAULT", "ZVECTOR", "NO AVX", "VSX") or device.cpu_capability()
     assert device.cpu_bf16_instructions() in ("", "AMX", "AVX512-BF16")
+
+
+def test_sdpa_without_cudnn_turns_the_backend_off_process_wide():
+    """Training and decoding on CUDA call this (cuDNN builds an attention plan per new shape); the
+    switch is torch's global one, so it can be checked without a GPU."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        device.sdpa_without_cudnn()
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
