@@ -21,6 +21,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from .model import padded
 from .errors import ConfigError
 
 
@@ -83,11 +84,7 @@ def align_hypotheses(model, src: Tensor, hyps: Sequence[Sequence], layer: int = 
     out: list[list[list[tuple[int, int]]]] = [[] for _ in hyps]
     if not rows:
         return out
-    T = max(len(tokens) for _, tokens in rows) + 1  # + BOS
-    tgt_in = torch.full((len(rows), T), c.pad_id, dtype=torch.long)  # (R, T)
-    for r, (_, tokens) in enumerate(rows):
-        tgt_in[r, 0] = c.bos_id
-        tgt_in[r, 1 : len(tokens) + 1] = torch.tensor(tokens, dtype=torch.long)
+    tgt_in = padded([[c.bos_id, *tokens] for _, tokens in rows], c.pad_id)  # (R, T) BOS y1 .. yn pad
     which = torch.tensor([b for b, _ in rows], device=src.device)
     sources = src.index_select(0, which)  # (R, S) one source row per hypothesis
     src_lens = (sources.ne(c.pad_id) & sources.ne(c.eos_id)).sum(1).tolist()  # (R,) without EOS/padding

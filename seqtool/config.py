@@ -224,6 +224,46 @@ class TrainConfig(_Config):
 
 
 @dataclass(frozen=True)
+class Sampling(_Config):
+    """--sampling's shape: draw from softmax(log p / temperature) among the top-k tokens and the
+    nucleus of mass top-p; the same seed gives the same samples (search.py)."""
+    topk: int = 0  # 0 = the whole vocabulary
+    topp: float = 1.0  # nucleus mass; 1.0 = no nucleus truncation
+    temperature: float = 1.0
+    seed: int = 1
+
+    def __post_init__(self):
+        _check(self.topk >= 0, f"--topk must be >= 0 (0 = all tokens), got {self.topk}")
+        _check(0.0 < self.topp <= 1.0, f"--topp must be in (0, 1], got {self.topp}")
+        _check(self.temperature > 0.0, f"--temperature must be > 0, got {self.temperature}")
+        _check(0 <= self.seed < 2 ** 63, f"--seed must be between 0 and 2^63 - 1, got {self.seed}")
+
+
+@dataclass(frozen=True)
+class SearchOptions(_Config):
+    """What one request asks of search (search.search takes it; a server takes one per request):
+    beam, length penalty, n-best, output length, and sampling instead of search. How the process
+    decodes (device, precision, threads, workers, batching, I/O) is DecodeConfig's."""
+    beam: int = 5
+    lenpen: float = 1.0
+    nbest: int = 1
+    max_len_a: float = 0.0
+    max_len_b: int = 200
+    min_len: int = 1
+    sampling: Sampling | None = None  # sample nbest translations instead of searching (beam unused)
+
+    def __post_init__(self):
+        _check(self.beam >= 1, f"--beam must be >= 1, got {self.beam}")
+        if self.sampling is not None:
+            _check(self.nbest >= 1, f"--nbest must be >= 1, got {self.nbest}")
+        else:
+            _check(1 <= self.nbest <= self.beam, f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
+        _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
+        _check(self.max_len_a >= 0, f"--max-len-a must be >= 0, got {self.max_len_a}")
+        _check(self.min_len >= 0, f"min_len must be >= 0, got {self.min_len}")
+
+
+@dataclass(frozen=True)
 class DecodeConfig(_Config):
     beam: int = 5
     lenpen: float = 1.0
@@ -252,15 +292,7 @@ class DecodeConfig(_Config):
     target: str = ""  # --target FILE: one reference per input line
 
     def __post_init__(self):
-        _check(self.beam >= 1, f"--beam must be >= 1, got {self.beam}")
-        if self.sampling:
-            _check(self.nbest >= 1, f"--nbest must be >= 1, got {self.nbest}")
-        else:
-            _check(1 <= self.nbest <= self.beam, f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
-        _check(self.topk >= 0, f"--topk must be >= 0 (0 = all tokens), got {self.topk}")
-        _check(0.0 < self.topp <= 1.0, f"--topp must be in (0, 1], got {self.topp}")
-        _check(self.temperature > 0.0, f"--temperature must be > 0, got {self.temperature}")
-        _check(0 <= self.seed < 2 ** 63, f"--seed must be between 0 and 2^63 - 1, got {self.seed}")
+        self.search_options()  # validates the per-request part (beam, nbest, lengths, sampling)
         _check(self.sampling or (self.topk == 0 and self.topp == 1.0 and self.temperature == 1.0),
                "--topk, --topp and --temperature shape --sampling; add --sampling")
         _check(self.score_reference == bool(self.target),
@@ -276,12 +308,16 @@ class DecodeConfig(_Config):
                f"--workers {self.workers} needs at least one thread each; got --threads {self.threads}")
         _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
         _check(self.alignment_layer >= 0, f"--alignment-layer must be >= 0 (0 = the last layer), got {self.alignment_layer}")
-        _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
         _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"--precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
         _check(self.errors in ("strict", "replace"), f"--errors must be strict or replace, got {self.errors!r}")
         _check(self.quantize in ("none", "int8"), f"--quantize must be none or int8, got {self.quantize!r}")
         _check(self.quantize == "none" or self.precision in ("auto", "fp32"),
                f"--quantize {self.quantize} computes in int8/float32; drop --precision {self.precision}")
+
+    def search_options(self) -> SearchOptions:
+        """The per-request part of these settings: what search() takes."""
+        sampling = Sampling(self.topk, self.topp, self.temperature, self.seed) if self.sampling else None
+        return SearchOptions(self.beam, self.lenpen, self.nbest, self.max_len_a, self.max_len_b, sampling=sampling)
 
 
 def model_config_for(arch: str, **overrides: Any) -> ModelConfig:

@@ -26,6 +26,13 @@ from .kernels import dropout, linear, linear_relu, residual_dropout
 from .cache import KVCache
 
 
+def padded(rows: list[list[int]], pad_id: int, device: Optional[torch.device] = None) -> Tensor:
+    """Token rows (each already with its BOS/EOS) as one right-padded (B, max length) tensor: how
+    every batch the model takes is laid out (search's sources, forced decoding's targets)."""
+    return nn.utils.rnn.pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True,
+                                     padding_value=pad_id).to(device)
+
+
 def sinusoidal_positions(n: int, d: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as in the paper."""
     position = torch.arange(n, dtype=torch.float32)[:, None]  # (n, 1)

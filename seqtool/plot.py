@@ -62,17 +62,17 @@ def require_matplotlib() -> None:
 def sentence_attention(translator, source: str, target: Optional[str] = None) -> SentenceAttention:
     """Translate `source` with the search `translate` uses (or take `target`) and fetch every weight."""
     model, tokenizer, c, d = translator.model, translator.tokenizer, translator.model.config, translator.config
-    src_ids = translator._encode(0, [source])[0]  # cropped to the model's positions, with a warning
+    src_ids = translator.encode(0, [source])[0]  # cropped to the model's positions, with a warning
     if not src_ids:
         raise InputError("the source sentence is empty: nothing to attend to")
     if target is not None:
         tgt_ids = tokenizer.encode(target)
         if len(tgt_ids) + 1 > c.max_positions:
             raise InputError(f"--target has {len(tgt_ids)} tokens; this model takes at most {c.max_positions - 1}")
-    src = torch.tensor([src_ids + [c.eos_id]], device=translator.device)  # (1, S)
+    src = translator.source_tensor([src_ids])  # (1, S)
     with torch.inference_mode():  # Translator.load already put the model in its decoding precision
         if target is None:
-            tgt_ids = search(model, src, d.beam, d.max_len_a, d.max_len_b, d.lenpen)[0][0].tokens  # the best
+            tgt_ids = search(model, src, d.search_options())[0][0].tokens  # the best
         tgt_in = torch.tensor([[c.bos_id] + tgt_ids], device=translator.device)  # (1, T)
         weights = force_decode(model, src, tgt_in)
     pieces = [tokenizer.sp.id_to_piece(i) for i in tgt_ids]

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from . import log
 from .errors import InputError
+from .model import padded
 from .textio import open_binary, read_lines
 
 BLOCK_BYTES = 1 << 20
@@ -64,15 +65,8 @@ def reference_logprobs(model, src: Tensor, references: list[list[int]]) -> list[
     model: anything with search.py's decoder interface (a Transformer or an ensemble). src (B, S):
     ids, EOS, right padding (as search takes them); references[b]: ids without BOS/EOS."""
     c = model.config
-    B, T = len(references), max(len(r) for r in references) + 1  # + BOS in, + EOS out
-    tgt_in = torch.full((B, T), c.pad_id, dtype=torch.long)  # (B, T) BOS y1 .. yn pad
-    target = torch.full((B, T), c.pad_id, dtype=torch.long)  # (B, T) y1 .. yn EOS pad
-    for b, ref in enumerate(references):
-        tgt_in[b, 0] = c.bos_id
-        tgt_in[b, 1 : len(ref) + 1] = torch.tensor(ref, dtype=torch.long)
-        target[b, : len(ref)] = torch.tensor(ref, dtype=torch.long)
-        target[b, len(ref)] = c.eos_id
-    tgt_in, target = tgt_in.to(src.device), target.to(src.device)
+    tgt_in = padded([[c.bos_id, *ref] for ref in references], c.pad_id, src.device)  # (B, T) BOS y1 .. yn pad
+    target = padded([[*ref, c.eos_id] for ref in references], c.pad_id, src.device)  # (B, T) y1 .. yn EOS pad
     memory, src_pad = model.encode(src)
     lprobs = model.decode(tgt_in, memory, src_pad).float().log_softmax(dim=-1)  # (B, T, V)
     picked = lprobs.gather(2, target[:, :, None]).squeeze(2)  # (B, T)
@@ -83,7 +77,7 @@ def reference_logprobs(model, src: Tensor, references: list[list[int]]) -> list[
 def score_chunk(translator, start: int, sources: list[str], references: list[str]) -> list[ReferenceScore]:
     """Scores of the references of lines start, start+1, ...; in the same order."""
     model, tokenizer = translator.model, translator.tokenizer
-    src_ids = translator._encode(start, sources)
+    src_ids = translator.encode(start, sources)
     ref_ids = tokenizer.encode_batch(references)
     max_ref = model.config.max_positions - 1  # the BOS takes one position
     for k, seq in enumerate(ref_ids):
@@ -93,7 +87,7 @@ def score_chunk(translator, start: int, sources: list[str], references: list[str
     lengths = [max(len(s), len(r)) for s, r in zip(src_ids, ref_ids)]
     order = sorted(range(len(sources)), key=lambda k: lengths[k], reverse=True)
     logprobs: list[float] = [0.0] * len(sources)
-    for batch in translator._batches(order, lengths):
+    for batch in translator.batches(order, lengths):
         src = translator.source_tensor([src_ids[k] for k in batch])  # (b, S)
         with torch.inference_mode():
             for k, value in zip(batch, reference_logprobs(model, src, [ref_ids[k] for k in batch])):

@@ -28,6 +28,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .config import Sampling, SearchOptions
+
+__all__ = ["Hypothesis", "Sampling", "SearchOptions", "beam_search", "greedy_search", "sample", "search"]
+
 NEG_INF = float("-inf")
 
 
@@ -139,14 +143,6 @@ def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 2
                   min_len: int = 1) -> list[list[Hypothesis]]:
     """The most probable token at every step; one hypothesis per sentence."""
     return _one_path_per_row(model, src, 1, _arg_max, max_len_a, max_len_b, lenpen, min_len)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    topk: int = 0  # 0 = the whole vocabulary
-    topp: float = 1.0  # nucleus mass; 1.0 = no nucleus truncation
-    temperature: float = 1.0
-    seed: int = 1
 
 
 _MASK32 = 0xFFFFFFFF
@@ -315,11 +311,12 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     return result
 
 
-def search(model, src: Tensor, beam: int, max_len_a: float, max_len_b: int, lenpen: float, nbest: int = 1,
-           min_len: int = 1, sampling: Optional[Sampling] = None, keys: Optional[Tensor] = None) -> list[list[Hypothesis]]:
-    """Sampling when `sampling` is given (nbest samples; beam unused), else greedy (beam 1) or beam search."""
-    if sampling is not None:
-        return sample(model, src, nbest, sampling, max_len_a, max_len_b, lenpen, min_len, keys)
-    if beam == 1:
-        return greedy_search(model, src, max_len_a, max_len_b, lenpen, min_len)
-    return beam_search(model, src, beam, max_len_a, max_len_b, lenpen, nbest, min_len)
+def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+    """Sampling when options.sampling is given (nbest samples; beam unused; keys (B,) identify the
+    sentences for the random numbers), else greedy (beam 1) or beam search."""
+    o = options
+    if o.sampling is not None:
+        return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys)
+    if o.beam == 1:
+        return greedy_search(model, src, o.max_len_a, o.max_len_b, o.lenpen, o.min_len)
+    return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len)

@@ -29,8 +29,9 @@ import torch
 from . import allocator, ensemble, log, precision
 from .alignment import align_hypotheses, format_alignment, resolve_layer
 from .errors import ConfigError, InputError
-from .config import DecodeConfig
-from .search import Hypothesis, Sampling, search
+from .config import DecodeConfig, SearchOptions
+from .model import padded
+from .search import Hypothesis, search
 from .textio import LineDecoder, open_binary, open_stdin
 from .tokenizer import Tokenizer
 from .device import announce, auto_precision, pick_device, resolve_precision, sdpa_without_cudnn
@@ -66,7 +67,7 @@ class Translator:
         self.max_src = model.config.max_positions - 1  # room for the EOS
         # attention weights come from one network: an ensemble's first member aligns
         self.aligner = model.models[0] if isinstance(model, ensemble.Ensemble) else model
-        self.sampling = Sampling(config.topk, config.topp, config.temperature, config.seed) if config.sampling else None
+        self.options = config.search_options()  # what a request gets unless it asks otherwise
         if config.print_alignment:
             resolve_layer(config.alignment_layer, self.aligner.config.decoder_layers, "--alignment-layer")  # fail before reading input
 
@@ -128,7 +129,7 @@ class Translator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _encode(self, start: int, lines: list[str]) -> list[list[int]]:
+    def encode(self, start: int, lines: list[str]) -> list[list[int]]:
         """Token ids of each line (one tokenizer call per chunk), cropped to the model's positions."""
         ids = self.tokenizer.encode_batch(lines)
         for k, seq in enumerate(ids):
@@ -137,7 +138,9 @@ class Translator:
                 ids[k] = seq[: self.max_src]
         return ids
 
-    def _batches(self, order: list[int], lengths: list[int]) -> Iterator[list[int]]:
+    def batches(self, order: list[int], lengths: list[int]) -> Iterator[list[int]]:
+        """Consecutive runs of `order` (indices into `lengths`, sentence lengths without EOS) that
+        fit --batch-size sentences and --max-tokens padded source tokens."""
         c = self.config
         batch: list[int] = []
         width = 0
@@ -153,28 +156,28 @@ class Translator:
 
     def source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
         """(B, S) ids + EOS, right-padded, on the device: what search and scoring take."""
-        pad, eos = self.model.config.pad_id, self.model.config.eos_id
-        S = max(len(r) for r in rows) + 1
-        padded = [r + [eos] + [pad] * (S - 1 - len(r)) for r in rows]
-        return torch.tensor(padded, dtype=torch.long).to(self.device)  # (B, S)
+        c = self.model.config
+        return padded([[*r, c.eos_id] for r in rows], c.pad_id, self.device)  # (B, S)
 
-    def translate_chunk(self, start: int, lines: list[str]) -> list[Translation]:
-        """Translate lines numbered start, start+1, ...; results in the same order."""
-        return self.translate_ids(start, lines, self._encode(start, lines))
+    def translate_chunk(self, start: int, lines: list[str], options: Optional[SearchOptions] = None) -> list[Translation]:
+        """Translate lines numbered start, start+1, ...; results in the same order. options: this
+        request's search (default: the config's)."""
+        return self.translate_ids(start, lines, self.encode(start, lines), options)
 
-    def translate_ids(self, start: int, lines: list[str], ids: list[list[int]]) -> list[Translation]:
+    def translate_ids(self, start: int, lines: list[str], ids: list[list[int]],
+                      options: Optional[SearchOptions] = None) -> list[Translation]:
         """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
         validation passes the valid split's ids here, so it decodes exactly as translate does)."""
-        c = self.config
-        ids = [seq[: self.max_src] for seq in ids]  # _encode crops with a warning; stored ids silently
+        options = options or self.options
+        ids = [seq[: self.max_src] for seq in ids]  # encode crops with a warning; stored ids silently
         results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
         alignments: list[Optional[list]] = [None] * len(lines)
         todo = [k for k in range(len(lines)) if ids[k]]  # an empty line translates to an empty line
         lengths = [len(x) for x in ids]
         todo.sort(key=lambda k: lengths[k], reverse=True)
-        batches = list(self._batches(todo, lengths))
+        batches = list(self.batches(todo, lengths))
         # the input line numbers seed each sentence's samples: the batching does not matter
-        jobs = [([ids[k] for k in batch], [start + k for k in batch]) for batch in batches]
+        jobs = [([ids[k] for k in batch], [start + k for k in batch], options) for batch in batches]
         done = self.pool.search(jobs) if self.pool is not None else (self.search_batch(*job) for job in jobs)
         for batch, (hyps, aligned) in zip(batches, done):
             for i, k in enumerate(batch):
@@ -186,31 +189,34 @@ class Translator:
         return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
                 for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
 
-    def search_batch(self, rows: list[list[int]], keys: list[int]) -> tuple[list[list[Hypothesis]], Optional[list]]:
+    def search_batch(self, rows: list[list[int]], keys: list[int],
+                     options: Optional[SearchOptions] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
         """One batch: token ids (without EOS) of each sentence and its key (input line number) ->
         hypotheses per sentence, and with print_alignment their alignments. Worker processes run this."""
-        c = self.config
+        c, options = self.config, options or self.options
         src = self.source_tensor(rows)  # (b, S)
         with torch.inference_mode():  # the model is already in its decoding precision (precision.py)
-            hyps = search(self.model, src, c.beam, c.max_len_a, c.max_len_b, c.lenpen, c.nbest,
-                          sampling=self.sampling, keys=torch.tensor(keys) if self.sampling else None)
+            hyps = search(self.model, src, options, keys=torch.tensor(keys) if options.sampling else None)
             # one forced pass over the final hypotheses; search is untouched
             aligned = list(align_hypotheses(self.aligner, src, hyps, c.alignment_layer)) if c.print_alignment else None
         return hyps, aligned
 
-    def translate(self, lines: Union[str, Iterable[str]]):
+    def translate(self, lines: Union[str, Iterable[str]], options: Optional[SearchOptions] = None):
         """For programs that embed seqtool: one string -> its translation; a list or tuple -> a list;
         any other iterable (a file, a generator) -> a lazy iterator that reads `chunk_lines` lines
-        ahead. With nbest > 1 each translation is a list of nbest strings, best first."""
+        ahead. With nbest > 1 each translation is a list of nbest strings, best first. options:
+        this call's search (default: the config's)."""
+        options = options or self.options
         if isinstance(lines, str):
-            return self._texts(next(iter(self.translate_stream([lines]))))
-        results = (self._texts(t) for t in self.translate_stream(lines))
+            return self._texts(next(iter(self.translate_stream([lines], options))), options.nbest)
+        results = (self._texts(t, options.nbest) for t in self.translate_stream(lines, options))
         return list(results) if isinstance(lines, (list, tuple)) else results
 
-    def _texts(self, t: Translation):
-        if self.config.nbest == 1:
+    @staticmethod
+    def _texts(t: Translation, nbest: int):
+        if nbest == 1:
             return t.texts[0] if t.texts else ""
-        return list(t.texts) or [""] * self.config.nbest
+        return list(t.texts) or [""] * nbest
 
     def score(self, sources: Iterable[str], references: Iterable[str]):
         """The model's log-probability of each reference given its source (as --score-reference):
@@ -219,7 +225,7 @@ class Translator:
 
         return score_lines(self, sources, references)
 
-    def translate_stream(self, lines: Iterable[str]) -> Iterator[Translation]:
+    def translate_stream(self, lines: Iterable[str], options: Optional[SearchOptions] = None) -> Iterator[Translation]:
         chunk: list[str] = []
         start = 0
         for line in lines:
@@ -227,11 +233,11 @@ class Translator:
                 line = line[:-1].removesuffix("\r")
             chunk.append(line)
             if len(chunk) >= self.config.chunk_lines:
-                yield from self.translate_chunk(start, chunk)
+                yield from self.translate_chunk(start, chunk, options)
                 start += len(chunk)
                 chunk = []
         if chunk:
-            yield from self.translate_chunk(start, chunk)
+            yield from self.translate_chunk(start, chunk, options)
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:

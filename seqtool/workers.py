@@ -29,7 +29,7 @@ import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator
 
 from .errors import ConfigError
 from .interrupts import die_with_parent
@@ -45,8 +45,8 @@ def _start(load: Callable[[], object], parent: int) -> None:
 
 
 def _search(job):
-    rows, keys = job
-    return _translator.search_batch(rows, keys)
+    rows, keys, options = job
+    return _translator.search_batch(rows, keys, options)
 
 
 def _pid(_) -> int:
@@ -70,8 +70,8 @@ class WorkerPool:
             self.executor.shutdown(wait=False, cancel_futures=True)
             raise ConfigError(f"--workers {n}: a decoding process failed to start (see its error above)") from None
 
-    def search(self, jobs: Iterable[tuple[list[list[int]], Optional[list[int]]]]) -> Iterator:
-        """search_batch(rows, keys) of every job, in order, decoded by the workers in parallel."""
+    def search(self, jobs: Iterable[tuple]) -> Iterator:
+        """search_batch(rows, keys, options) of every job, in order, decoded by the workers in parallel."""
         try:
             yield from self.executor.map(_search, jobs)
         except BrokenProcessPool:

@@ -198,6 +198,11 @@ def test_worker_processes_translate_exactly_as_one_process(api, tmp_path):
     with Translator.load(ckpt, threads=2, workers=2, **sampled) as two:
         assert not isinstance(two.model, torch.nn.Module)  # the workers hold the models: N workers, N models
         assert two.translate(lines) == Translator.load(ckpt, threads=1, **sampled).translate(lines)
+        # a request's own search options reach the workers: here a beam search with 2-best
+        from seqtool.config import SearchOptions
+
+        asked = SearchOptions(beam=3, nbest=2, max_len_b=8)
+        assert two.translate(lines, asked) == one.translate(lines, asked)
 
 
 def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint):

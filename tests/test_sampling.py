@@ -8,7 +8,7 @@ import torch
 from seqtool.config import model_config_for
 from seqtool.model import Transformer
 from seqtool.reference_score import reference_logprobs
-from seqtool.search import Sampling, draw, greedy_search, sample, search, uniforms
+from seqtool.search import Sampling, SearchOptions, draw, greedy_search, sample, search, uniforms
 from test_search import EOS, NO_EOS, PAD, A, B, ScriptedModel
 
 UNK = 1  # an ordinary token as far as search is concerned
@@ -164,7 +164,7 @@ def test_same_seed_same_samples_whatever_the_batch(real_model):
 
 def test_sample_scores_are_the_models_log_probabilities(real_model):
     src = _sources(4)
-    hyps = search(real_model, src, beam=5, max_len_a=0, max_len_b=10, lenpen=1.0, nbest=3, sampling=Sampling(seed=5))
+    hyps = search(real_model, src, SearchOptions(beam=5, max_len_a=0, max_len_b=10, lenpen=1.0, nbest=3, sampling=Sampling(seed=5)))
     for b, sent in enumerate(hyps):
         assert len(sent) == 3
         rows = src[b : b + 1].expand(len(sent), -1)

@@ -8,7 +8,7 @@ import torch
 
 from seqtool.config import model_config_for
 from seqtool.model import Transformer
-from seqtool.search import beam_search, greedy_search, search
+from seqtool.search import SearchOptions, beam_search, greedy_search, search
 
 PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
 V = 6
@@ -167,7 +167,7 @@ def test_beam_size_one_equals_greedy(real_model):
 
 def test_beam_score_is_the_models_length_normalised_log_probability(real_model):
     src = torch.tensor([[5, 9, 11, 7, EOS]])
-    hyp = search(real_model, src, beam=4, max_len_a=0, max_len_b=12, lenpen=1.0)[0][0]
+    hyp = search(real_model, src, SearchOptions(beam=4, max_len_a=0, max_len_b=12, lenpen=1.0))[0][0]
     tokens = torch.tensor([[BOS] + hyp.tokens])
     target = torch.tensor(hyp.tokens + [EOS])
     with torch.no_grad():

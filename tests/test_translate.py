@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from seqtool.config import DecodeConfig
+from seqtool.config import DecodeConfig, Sampling, SearchOptions
+from seqtool.errors import ConfigError
 from seqtool.translate import Translator, format_translation, translate_file
 
 
@@ -100,3 +101,32 @@ def test_translate_file_streams_from_a_file(tiny_checkpoint, tmp_path):
 def test_format_pads_nbest_for_empty_lines(translator):
     t = translator.translate_chunk(0, [""])[0]
     assert format_translation(t, DecodeConfig(beam=3, nbest=3)) == "0\t0.0000\t\n" * 3
+
+
+def test_a_request_s_search_options_override_the_loaded_ones_for_that_call_only(translator, tiny_checkpoint):
+    """What a server does per request: the translator loads once (beam 2 here); a call may ask for
+    another search, and gets exactly what a translator loaded with those settings gives."""
+    lines = ["a b c d", "e f", "", "g h i j k"]
+    for asked in (SearchOptions(beam=1, max_len_b=8), SearchOptions(beam=4, nbest=3, max_len_b=8, lenpen=0.5),
+                  SearchOptions(nbest=2, max_len_b=8, sampling=Sampling(topk=3, seed=11))):
+        fields = dict(beam=asked.beam, nbest=asked.nbest, max_len_b=asked.max_len_b, lenpen=asked.lenpen)
+        if asked.sampling is not None:
+            fields.update(sampling=True, topk=3, seed=11)
+        loaded = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", batch_size=3, **fields))
+        assert loaded.options == asked
+        assert translator.translate(lines, asked) == loaded.translate(lines)
+    assert translator.options == SearchOptions(beam=2, max_len_b=8)  # the loaded settings are untouched
+    nbest = translator.translate(lines, SearchOptions(beam=3, nbest=3, max_len_b=8))
+    assert all(isinstance(t, list) and len(t) == 3 for t in nbest)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: SearchOptions(beam=0), "--beam must be >= 1"),
+    (lambda: SearchOptions(beam=2, nbest=3), "--nbest must be between 1 and --beam (2)"),
+    (lambda: SearchOptions(max_len_a=0.0, max_len_b=0), "allow no output token"),
+    (lambda: Sampling(topp=0.0), "--topp must be in (0, 1]"),
+    (lambda: DecodeConfig(beam=2, nbest=3), "--nbest must be between 1 and --beam (2)"),  # one check, both ways in
+])
+def test_search_options_are_validated_where_they_are_made(make, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        make()
