@@ -40,9 +40,9 @@ Errors = Annotated[str, typer.Option("--errors", help="Invalid UTF-8: strict (st
 
 
 def _fail(message: str, code: int = 1):
-    from rich.console import Console
+    from . import log
 
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"error: {message}", style="bold red", markup=False)
+    log.error(message)  # the one stderr console
     raise typer.Exit(code)
 
 
@@ -173,19 +173,19 @@ def train(
     patience: Annotated[Optional[int], typer.Option("--patience", help="Stop after N validations without improving --best-metric (0 = never).")] = None,
     save_interval_updates: Annotated[Optional[int], typer.Option("--save-interval-updates", help="Also write last.pt every N updates.")] = None,
     keep_last: Annotated[Optional[int], typer.Option("--keep-last", help="Keep the newest K copies checkpoint_u<UPDATES>.pt written every --save-interval-updates.")] = None,
-    tensorboard: Annotated[Optional[Path], typer.Option("--tensorboard", help="Also log to TensorBoard in this directory (pip install 'seqtool[tensorboard]').")] = None,
+    tensorboard_dir: Annotated[Optional[Path], typer.Option("--tensorboard", help="Also log to TensorBoard in this directory (pip install 'seqtool[tensorboard]').")] = None,
     finetune: Annotated[Optional[Path], typer.Option("--finetune", help="Start from this checkpoint's weights, model and tokenizer, with fresh optimizer, schedule and progress.")] = None,
-    precision: Annotated[str, typer.Option("--precision", help="auto (bf16 on GPUs and CPUs with bfloat16 arithmetic: AVX512-BF16 or AMX; fp16 on older GPUs; else fp32), fp32, bf16 or fp16 (with loss scaling).")] = "auto",
-    device: Device = "auto",
-    seed: Annotated[int, typer.Option("--seed")] = 1,
-    threads: Threads = 0,
+    precision: Annotated[Optional[str], typer.Option("--precision", help="auto (bf16 on GPUs and CPUs with bfloat16 arithmetic: AVX512-BF16 or AMX; fp16 on older GPUs; else fp32), fp32, bf16 or fp16 (with loss scaling) [default: auto].")] = None,
+    device: Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or cuda:N [default: auto].")] = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="[default: 1]")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (0 = torch's default) [default: 0].")] = None,
     update_freq: Annotated[Optional[int], typer.Option("--update-freq", help="Batches of --max-tokens accumulated into one update (per process) [default: 1].")] = None,
     dist_timeout: Annotated[Optional[float], typer.Option("--dist-timeout", help="Seconds a process waits for the others under torchrun before the job fails [default: 600].")] = None,
     ema_decay: Annotated[Optional[float], typer.Option("--ema-decay", help="Keep an exponential moving average of the weights with this decay; at the end of the run it becomes best.pt when validation says it is better (0 = off, the default: with --lr-schedule auto it never won in our runs; try 0.999 with inverse-sqrt).")] = None,
-    compile_model: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the model (falls back to eager where it cannot) [default: no].")] = None,
+    compile: Annotated[Optional[bool], typer.Option("--compile/--no-compile", help="torch.compile the model (falls back to eager where it cannot) [default: no].")] = None,
     pre_norm: Annotated[Optional[bool], typer.Option("--pre-norm/--post-norm", help="Layer norm placement (paper: post).")] = None,
-    src: SrcLang = None,
-    tgt: TgtLang = None,
+    src_lang: SrcLang = None,
+    tgt_lang: TgtLang = None,
     train_prefix: Annotated[Optional[str], typer.Option("--train", help="Raw training files prefix.")] = None,
     valid_prefix: Annotated[Optional[str], typer.Option("--valid", help="Raw validation files prefix.")] = None,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Tokenizer size when training on raw files.")] = 8000,
@@ -194,58 +194,38 @@ def train(
     force: Annotated[bool, typer.Option("--force", help="Start a new run in a SAVE_DIR that holds another (replaces its checkpoints).")] = False,
 ):
     """Train a Transformer on DATA_DIR, or directly on raw parallel files."""
-    from .config import OptimConfig, TrainConfig, TokenizerConfig, model_config_for, parse_duration, read_toml
+    from .config import TokenizerConfig, parse_duration, train_settings
     from .train import RawData, TrainJob, train as run
 
-    file_cfg = read_toml(config_file) if config_file else {}
-    model_over = dict(file_cfg.get("model", {}))
-    optim_over = dict(file_cfg.get("optim", {}))
-    train_over = dict(file_cfg.get("train", {}))
-    explicit_arch = arch is not None or "arch" in file_cfg
-    arch = arch or file_cfg.get("arch", "small")
-    for key, value in (("dropout", dropout), ("pre_norm", pre_norm)):
-        if value is not None:
-            model_over[key] = value
-    for key, value in (("lr", lr), ("warmup", warmup), ("lr_schedule", lr_schedule), ("label_smoothing", label_smoothing),
-                       ("clip_norm", clip_norm)):
-        if value is not None:
-            optim_over[key] = value
-    for key, value in (("max_tokens", max_tokens), ("max_updates", max_updates), ("max_epochs", max_epochs),
-                       ("validate_interval_updates", validate_interval_updates), ("eval_bleu", eval_bleu),
-                       ("eval_bleu_beam", eval_bleu_beam), ("eval_bleu_lenpen", eval_bleu_lenpen),
-                       ("eval_bleu_max_len_a", eval_bleu_max_len_a), ("eval_bleu_max_len_b", eval_bleu_max_len_b),
-                       ("best_metric", best_metric), ("patience", patience), ("save_interval_updates", save_interval_updates),
-                       ("keep_last", keep_last), ("tensorboard_dir", str(tensorboard) if tensorboard else None),
-                       ("update_freq", update_freq),
-                       ("dist_timeout", dist_timeout), ("compile", compile_model), ("ema_decay", ema_decay)):
-        if value is not None:
-            train_over[key] = value
-    if max_time is not None:
-        train_over["max_time"] = parse_duration(max_time)
-    train_over.update(precision=precision, device=device, seed=seed, threads=threads)
-    if src:
-        train_over["src_lang"] = src
-    if tgt:
-        train_over["tgt_lang"] = tgt
-    model = model_config_for(arch, **model_over)
+    options = dict(dropout=dropout, pre_norm=pre_norm, lr=lr, warmup=warmup, lr_schedule=lr_schedule,
+                   label_smoothing=label_smoothing, clip_norm=clip_norm, max_tokens=max_tokens, max_updates=max_updates,
+                   max_epochs=max_epochs, max_time=parse_duration(max_time) if max_time is not None else None,
+                   validate_interval_updates=validate_interval_updates, eval_bleu=eval_bleu, eval_bleu_beam=eval_bleu_beam,
+                   eval_bleu_lenpen=eval_bleu_lenpen, eval_bleu_max_len_a=eval_bleu_max_len_a,
+                   eval_bleu_max_len_b=eval_bleu_max_len_b, best_metric=best_metric, patience=patience,
+                   save_interval_updates=save_interval_updates, keep_last=keep_last,
+                   tensorboard_dir=str(tensorboard_dir) if tensorboard_dir else None, update_freq=update_freq,
+                   dist_timeout=dist_timeout, compile=compile, ema_decay=ema_decay, precision=precision, device=device,
+                   seed=seed, threads=threads, src_lang=src_lang, tgt_lang=tgt_lang)
+    settings = train_settings(arch, options, config_file)
     tune = None
     if finetune is not None:  # the model comes from the checkpoint; what was asked explicitly is checked against it
-        from .config import PRESETS
         from .finetune import Finetune
 
-        asked = {**(PRESETS.get(arch, {}) if explicit_arch else {}), **model_over}
-        tune = Finetune(finetune, asked)
+        tune = Finetune(finetune, settings.asked_model)
     raw = None
     if data_dir is None:
-        if not (src and tgt and train_prefix and valid_prefix):
+        if not (src_lang and tgt_lang and train_prefix and valid_prefix):
             raise ConfigError("give a DATA_DIR, or raw files with --src, --tgt, --train and --valid")
         raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size, input_sentence_size=input_sentence_size), workers)
     elif train_prefix or valid_prefix:
         raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
-    job = TrainJob(save_dir=save_dir, model=model, optim=OptimConfig.from_dict(optim_over),
-                   train=TrainConfig.from_dict(train_over), data_dir=data_dir, raw=raw, force=force, finetune=tune)
+    job = TrainJob(save_dir=save_dir, model=settings.model, optim=settings.optim, train=settings.train, data_dir=data_dir,
+                   raw=raw, force=force, finetune=tune)
     result = run(job)
-    if os.environ.get("RANK", "0") != "0":  # under torchrun the summary is rank 0's to print
+    from .distributed import environment
+
+    if environment().rank != 0:  # under torchrun the summary is rank 0's to print
         return
     best = "" if result.best_metric == "loss" else f"; best valid {result.best_metric} {result.best_value:.2f}"
     typer.echo(
@@ -300,33 +280,14 @@ def translate(
                           score_reference=score_reference, target=str(target) if target is not None else "")
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
-    if output is not None:
-        from .errors import InputError
-        from .textio import check_output_file
-
-        from .interrupts import Interrupts
-
-        check_output_file(output)
-        inputs = [("--input", input), ("--target", target)] + [("--checkpoint", c) for c in checkpoint]
-        for option, path in inputs:
-            if path is not None and output.exists() and Path(path).exists() and os.path.samefile(output, path):
-                raise InputError(f"{output}: --output is the {option} file; write somewhere else")
-        tmp = output.with_name(f".{output.name}.{os.getpid()}.partial")  # two runs never share one
-        interrupts = Interrupts()  # SIGTERM, like Ctrl-C, ends the run here: the partial file goes
-        interrupts.install()
-        try:
-            with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
-                translate_file(checkpoints, config, input, handle)
-            os.replace(tmp, output)  # a partial output never looks complete
-        except OSError as error:
-            error.filename = error.filename or str(output)  # e.g. a full disk: name the output, not nothing
-            raise
-        finally:
-            interrupts.restore()
-            tmp.unlink(missing_ok=True)
-    else:
-        sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
+    if output is None:
         translate_file(checkpoints, config, input)
+        return
+    from .textio import atomic_text_output, check_output_file
+
+    check_output_file(output, [("--input", input), ("--target", target)] + [("--checkpoint", c) for c in checkpoint])
+    with atomic_text_output(output) as handle:
+        translate_file(checkpoints, config, input, handle)
 
 
 @app.command()
@@ -387,15 +348,9 @@ def score(
 ):
     """Score translations against references with sacrebleu (BLEU, chrF, TER)."""
     from .score import score_files
-    from .textio import LineDecoder, open_stdin
 
     names = [m.strip().lower() for m in metrics.split(",") if m.strip()]
-    stdin_lines = None
-    if hyp is None:
-        decode = LineDecoder("<stdin>", errors="replace")
-        stdin_lines = [decode(raw, n) for n, raw in enumerate(open_stdin(), 1)]
-        decode.finish()
-    results = score_files(hyp, ref, names, tokenize, lowercase, stdin_lines)
+    results = score_files(hyp, ref, names, tokenize, lowercase)  # hypotheses from stdin without --hyp
     if as_json:
         typer.echo(json.dumps({r.name: {"score": round(r.score, 4), "signature": r.signature, "detail": r.detail} for r in results}))
         return

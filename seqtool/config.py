@@ -398,3 +398,32 @@ class RunPaths:
         self.config = self.save_dir / "config.json"
         self.metrics = self.save_dir / "metrics.jsonl"
 
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """A training run's configs as the command line asked for them (see train_settings)."""
+    model: ModelConfig
+    optim: OptimConfig
+    train: TrainConfig
+    asked_model: dict[str, Any]  # the model settings asked for explicitly (--finetune checks them)
+
+
+def train_settings(arch: str | None, options: dict[str, Any], config_file: Path | None = None) -> TrainSettings:
+    """The one config loader of `seqtool train`: options (named as the fields they set; None = not
+    given) over the TOML file's [model], [optim] and [train] tables, over the --arch preset (small
+    unless the file names one) and the defaults. Each option lands in the config that has its field."""
+    file_cfg = read_toml(config_file) if config_file else {}
+    tables: dict[type, dict[str, Any]] = {cls: dict(file_cfg.get(name, {})) for name, cls in
+                                          (("model", ModelConfig), ("optim", OptimConfig), ("train", TrainConfig))}
+    owners = {f.name: cls for cls in (ModelConfig, OptimConfig, TrainConfig) for f in fields(cls) if f.init}
+    for key, value in options.items():
+        if key not in owners:
+            raise TypeError(f"train_settings: {key!r} is no field of the model, optim or train config")
+        if value is not None:
+            tables[owners[key]][key] = value
+    explicit_arch = arch is not None or "arch" in file_cfg
+    arch = arch or file_cfg.get("arch", "small")
+    model = model_config_for(arch, **tables[ModelConfig])
+    asked = {**(PRESETS.get(arch, {}) if explicit_arch else {}), **tables[ModelConfig]}
+    return TrainSettings(model, OptimConfig.from_dict(tables[OptimConfig]), TrainConfig.from_dict(tables[TrainConfig]), asked)

@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from .errors import InputError
-from .textio import read_lines
+from .textio import LineDecoder, open_stdin, read_lines
+
+
+def _stdin_lines() -> list[str]:
+    decode = LineDecoder("<stdin>", errors="replace")
+    lines = [decode(raw, n) for n, raw in enumerate(open_stdin(), 1)]
+    decode.finish()
+    return lines
 
 METRICS = ("bleu", "chrf", "ter")
 
@@ -47,7 +54,9 @@ def score_lines(hyps: Sequence[str], refs: Sequence[Sequence[str]], metrics: Seq
 
 
 def score_files(hyp_path: Optional[Path], ref_paths: Sequence[Path], metrics: Sequence[str], tokenize: Optional[str],
-                lowercase: bool = False, stdin_lines: Optional[Sequence[str]] = None) -> list[MetricScore]:
+                lowercase: bool = False) -> list[MetricScore]:
+    """`seqtool score`: the hypotheses of hyp_path (None: stdin, invalid UTF-8 replaced with a
+    warning) against one or more references, line by line."""
     if not ref_paths:
         raise InputError("give at least one --ref file")
     for name in metrics:
@@ -59,7 +68,7 @@ def score_files(hyp_path: Optional[Path], ref_paths: Sequence[Path], metrics: Se
         if tokenize not in BLEU.TOKENIZERS:
             raise InputError(f"unknown --tokenize {tokenize!r}; sacrebleu offers {', '.join(sorted(BLEU.TOKENIZERS))}")
     refs = [list(read_lines(p, errors="replace")) for p in ref_paths]
-    hyps = list(read_lines(hyp_path, errors="replace")) if hyp_path is not None else list(stdin_lines or [])
+    hyps = list(read_lines(hyp_path, errors="replace")) if hyp_path is not None else _stdin_lines()
     hyp_name = str(hyp_path) if hyp_path is not None else "<stdin>"
     for path, ref in zip(ref_paths, refs):
         if len(ref) != len(hyps):

@@ -8,15 +8,17 @@ errors for missing or unreadable inputs and unwritable outputs.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import os
 import sys
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence, TextIO
 
 from . import log
 from .errors import InputError
+from .interrupts import Interrupts
 
 # Invalid UTF-8 replaced under --errors replace: warn about this many lines per file, then count.
 WARN_LINES = 10
@@ -97,14 +99,18 @@ def open_stdin() -> BinaryIO:
     return sys.stdin.buffer
 
 
-def check_output_file(path: Path) -> None:
-    """Fail before any work when an output file cannot be created where asked."""
+def check_output_file(path: Path, inputs: Sequence[tuple[str, Optional[Path]]] = (), option: str = "--output") -> None:
+    """Fail before any work when an output file cannot be created where asked, or is one of the
+    run's inputs ((option, path) pairs: writing it would destroy what is being read)."""
     path = Path(path)
     if path.is_dir():
         raise InputError(f"{path}: is a directory; give a file name for the output")
     parent = path.parent
     if not parent.is_dir():
         raise InputError(f"{path}: the directory {parent} does not exist; create it first")
+    for name, source in inputs:
+        if source is not None and path.exists() and Path(source).exists() and os.path.samefile(path, source):
+            raise InputError(f"{path}: {option} is the {name} file; write somewhere else")
 
 
 def find_split_file(prefix: str, lang: str) -> Path:
@@ -162,3 +168,28 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], None]) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda handle: handle.write(data))
+
+
+@contextlib.contextmanager
+def atomic_text_output(path: Path) -> Iterator[TextIO]:
+    """A UTF-8 text handle (\\n line ends) whose file appears at `path` only when the block ends
+    without an error: a partial output never looks complete. SIGTERM, like Ctrl-C, ends the block
+    with KeyboardInterrupt, so the temp file goes either way. The temp name carries the PID: two
+    runs writing the same path never share one."""
+    path = Path(path)
+    tmp = temp_path(path)
+    interrupts = Interrupts()
+    interrupts.install()
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        fsync_directory(path.parent)
+    except OSError as error:
+        error.filename = error.filename or str(path)  # e.g. a full disk: name the output, not nothing
+        raise
+    finally:
+        interrupts.restore()
+        tmp.unlink(missing_ok=True)

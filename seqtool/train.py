@@ -14,21 +14,18 @@ checkpoint's) and binarizes into SAVE_DIR/data through the same code.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
 import torch
 
 from . import allocator, checkpoint, distributed, finetune, kernels, log, schedule, update, validate
-from .binarize import SplitSpec, binarize
-from .config import ModelConfig, OptimConfig, RunPaths, TokenizerConfig, TrainConfig, config_diff
-from .data import ParallelDataset, collate, epoch_batches, min_pair_length, read_meta
+from .config import RunPaths
+from .data import collate
 from .device import pick_device, resolve_precision, sdpa_without_cudnn
 from .ema import EMA
 from .interrupts import Interrupts
@@ -37,88 +34,12 @@ from .metrics import MetricsLog, ThroughputWindow
 from .model import Transformer
 from .runlock import RunLock
 from .textio import atomic_write_bytes
-from .tokenizer import Tokenizer, train_tokenizer
+from .job import RawData, TrainJob, TrainResult, open_data, plan_epoch, prepare_raw, resume_conflicts
+
+__all__ = ["RawData", "TrainJob", "TrainResult", "Trainer", "train"]  # the job's types, for callers of train()
 from .update import autocast as autocast_for
 
-# Settings that may change when a run is resumed: limits and where/how fast it runs.
 HEAP_TRIM_SECONDS = 1.0  # CPU training: at most one heap trim a second (allocator.HeapTrimmer)
-RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",
-                     "patience", "save_interval_updates", "keep_last", "tensorboard_dir", "eval_bleu", "eval_bleu_beam",
-                     "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b",
-                     "dist_timeout", "compile"}
-
-
-@dataclass
-class RawData:
-    """Raw parallel files to tokenize and binarize into SAVE_DIR/data before training."""
-
-    train_prefix: str
-    valid_prefix: str
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    workers: int = 1
-
-
-@dataclass
-class TrainJob:
-    save_dir: Path
-    model: ModelConfig  # vocab_size and special ids are taken from the data
-    optim: OptimConfig
-    train: TrainConfig
-    data_dir: Optional[Path] = None
-    raw: Optional[RawData] = None
-    force: bool = False  # start afresh in a SAVE_DIR that holds another run (instead of resuming or refusing)
-    finetune: Optional[finetune.Finetune] = None  # start from these weights (and tokenizer), with fresh training state
-
-
-@dataclass
-class TrainResult:
-    updates: int
-    epochs: float
-    best_valid_loss: float
-    last_valid_loss: float
-    train_tokens: int
-    train_seconds: float
-    skipped_too_long: int
-    save_dir: Path
-    stopped_by: str
-    best_metric: str = "loss"
-    best_value: float = float("nan")  # of best_metric
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.train_tokens / max(self.train_seconds, 1e-9)
-
-
-def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path:
-    """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them); with
-    --finetune, the checkpoint's tokenizer instead of a new one."""
-    assert job.raw is not None
-    data_dir = Path(job.save_dir) / "data"
-    src, tgt = job.train.src_lang, job.train.tgt_lang
-    if not src or not tgt:
-        raise ConfigError("training on raw files needs --src and --tgt")
-    from .textio import find_split_file
-
-    files = [find_split_file(job.raw.train_prefix, src), find_split_file(job.raw.train_prefix, tgt)]
-    find_split_file(job.raw.valid_prefix, src), find_split_file(job.raw.valid_prefix, tgt)  # fail early
-    if (data_dir / "meta.json").exists() and not job.force:
-        earlier = read_meta(data_dir)["splits"].get("train", {})
-        if [earlier.get("src_file"), earlier.get("tgt_file")] != [str(f) for f in files]:
-            raise InputError(f"{data_dir}: was prepared from {earlier.get('src_file')} and {earlier.get('tgt_file')}, not "
-                             f"{files[0]} and {files[1]}; use another --save-dir or pass --force to start over")
-        log.info(f"using the data prepared earlier in {data_dir}")
-        return data_dir
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if source is not None:
-        log.info(f"using the tokenizer of {source.path}")
-        model_path = finetune.write_tokenizer(source, data_dir)
-    else:
-        log.info(f"training a {job.raw.tokenizer.model_type} tokenizer ({job.raw.tokenizer.vocab_size} pieces) on {', '.join(map(str, files))}")
-        model_path = train_tokenizer(files, str(data_dir / "tokenizer"), job.raw.tokenizer)
-    log.info(f"binarizing into {data_dir}")
-    binarize(src, tgt, [SplitSpec("train", job.raw.train_prefix), SplitSpec("valid", job.raw.valid_prefix)],
-             model_path, data_dir, workers=job.raw.workers, force=job.force)
-    return data_dir
 
 
 class Trainer:
@@ -154,24 +75,11 @@ class Trainer:
         if job.raw is not None:  # rank 0 prepares SAVE_DIR/data, the others wait for it
             if self.dist.is_main:
                 distributed.slow_preparation_point(self.dist)
-            data_dir = prepare_raw(job, source) if self.dist.is_main else Path(job.save_dir) / "data"
-            self.dist.barrier(f"waiting for rank 0 to prepare {data_dir}", patient=True)  # not bounded by --dist-timeout
-        else:
-            data_dir = Path(job.data_dir)
-        self.data_dir = data_dir
-        self.meta = read_meta(data_dir)
-        check_languages(data_dir, self.meta, cfg)
-        self.tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
-        if self.tokenizer.vocab_size != self.meta["vocab_size"]:
-            raise InputError(f"{data_dir}/tokenizer.model has {self.tokenizer.vocab_size} pieces but meta.json says {self.meta['vocab_size']}; binarize again")
-        if self.meta.get("tokenizer_sha256") not in (None, hashlib.sha256(self.tokenizer.model_bytes).hexdigest()):
-            raise InputError(f"{data_dir}/tokenizer.model is not the tokenizer the data was binarized with (sha256 differs from meta.json); binarize again with it")
-        if source is not None:
-            finetune.check_data(source, self.tokenizer, data_dir)
-        self.train_set = ParallelDataset(data_dir, "train", self.meta)
-        self.valid_set = ParallelDataset(data_dir, "valid", self.meta) if "valid" in self.meta["splits"] else None
-        if self.valid_set is None and (cfg.eval_bleu or cfg.patience or cfg.best_metric != "loss"):
-            raise ConfigError(f"{data_dir}: has no valid split, which --eval-bleu, --patience and --best-metric need; binarize one with --valid")
+                prepare_raw(job, source)
+            self.dist.barrier(f"waiting for rank 0 to prepare {job.save_dir}/data", patient=True)  # not bounded by --dist-timeout
+        data = open_data(job, source)
+        self.data_dir, self.meta, self.tokenizer = data.data_dir, data.meta, data.tokenizer
+        self.train_set, self.valid_set = data.train_set, data.valid_set
         sp = self.meta["special_ids"]
         base_model = source.model_config if source is not None else job.model
         self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
@@ -237,7 +145,7 @@ class Trainer:
             return
         ckpt = checkpoint.load(self.paths.last)
         saved = ckpt["configs"]
-        diffs = [d for d in config_diff(_without(saved), _without(self.configs))]
+        diffs = resume_conflicts(saved, self.configs)
         if diffs:
             raise ConfigError(
                 f"{self.paths.last}: saved with a different configuration, so it cannot be resumed: "
@@ -372,7 +280,8 @@ class Trainer:
         try:
             with self._errors_explained(progress):
                 while not stopped_by:
-                    batches, skipped = self._epoch_batches()
+                    batches, skipped = plan_epoch(self.train_set, self.data_dir, cfg, self.model_config.max_positions, st.epoch,
+                                                  self.dist.rank, self.dist.world_size, first=st.updates == 0 and st.batch_in_epoch == 0)
                     n_batches = len(batches)
                     stopped_by = self._train_epoch(batches, window, progress, unit)
                 if self.ema is not None and self.valid_set is not None:
@@ -418,24 +327,6 @@ class Trainer:
         if not validated:  # (an interval validation of the epoch's last update counts)
             stopped_by = self._validate_and_save() or stopped_by
         return stopped_by
-
-    def _epoch_batches(self) -> tuple[list, int]:
-        """This rank's updates of the current epoch (each a list of micro-batch ids), and the pairs
-        skipped as too long; a clear error when nothing can be trained."""
-        cfg, st, mc = self.train_config, self.state, self.model_config
-        shard, skipped = epoch_batches(self.train_set, cfg.max_tokens, mc.max_positions, cfg.seed, st.epoch,
-                                       rank=self.dist.rank, world=self.dist.world_size)
-        batches = distributed.update_batches(shard, cfg.update_freq)  # per update: its micro-batches
-        if skipped == len(self.train_set):
-            shortest = int(min_pair_length(self.train_set))
-            raise InputError(f"{self.data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {mc.max_positions} positions "
-                             f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
-        if not batches:
-            raise InputError(f"{self.data_dir}: an epoch has fewer batches of --max-tokens {cfg.max_tokens} than one update needs "
-                             f"(--update-freq {cfg.update_freq} x {self.dist.world_size} process(es)); lower --max-tokens or --update-freq")
-        if st.updates == 0 and st.batch_in_epoch == 0 and skipped:
-            log.warn(f"skipping {skipped} training pairs longer than {min(mc.max_positions, cfg.max_tokens)} tokens")
-        return batches, skipped
 
     def _update(self, ids: list, epoch_updates: int, window: ThroughputWindow) -> None:
         """Collate, step, count: one update of the run."""
@@ -556,27 +447,6 @@ class Trainer:
             log.info(f"stopping: {cfg.best_metric} has not improved for {cfg.patience} validations (--patience)")
             return "patience"
         return ""
-
-
-def check_languages(data_dir: Path, meta: dict, cfg: TrainConfig) -> None:
-    """--src/--tgt, when given, must be the languages DATA_DIR holds (never trained the wrong way silently)."""
-    for option, asked, held in (("--src", cfg.src_lang, meta["src_lang"]), ("--tgt", cfg.tgt_lang, meta["tgt_lang"])):
-        if asked and asked != held:
-            raise ConfigError(f"{option} {asked}, but {data_dir} holds {meta['src_lang']} -> {meta['tgt_lang']} data; "
-                              f"drop {option} or binarize {asked} data")
-
-
-def _without(configs: dict) -> dict:
-    out = json.loads(json.dumps(configs))
-    # settings added since a run was saved count as their defaults (it ran with that behaviour)
-    out["train"] = {**json.loads(json.dumps(TrainConfig().to_dict())), **out.get("train", {})}
-    for key in RESUMABLE_CHANGES:
-        out.get("train", {}).pop(key, None)
-    out.pop("schedule", None)  # follows from the settings compared here and the limits, which may change
-    # settings added since a run was saved count as their defaults; a run saved before lr_schedule
-    # existed decayed as inverse-sqrt
-    out["optim"] = {"lr_schedule": "inverse-sqrt", **out.get("optim", {})}
-    return out
 
 
 def train(job: TrainJob) -> TrainResult:

@@ -352,6 +352,8 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
         open_binary(Path(config.target)).close()
         if input_path is not None:
             check_line_counts(input_path, Path(config.target))
+    if output is None:
+        sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
     with Translator.load(checkpoint_path, config) as translator:  # (stops --workers processes at the end)
         output = output or sys.stdout
         reader = _LineReader(stream, name, errors=config.errors)

@@ -50,3 +50,24 @@ def test_config_file_mistakes_exit_1_on_the_command_line(tmp_path):
     result = CliRunner().invoke(app, ["train", str(tmp_path / "data"), "--save-dir", str(tmp_path / "run"),
                                       "--config", str(_toml(tmp_path, "[model]\nd_modle = 512\n"))])
     assert result.exit_code == 1 and "d_modle" in result.stderr and "unexpected" not in result.stderr
+
+
+def test_train_settings_layer_options_over_the_file_over_the_preset(tmp_path):
+    """One loader for `seqtool train`: each option lands in the config owning its field; options
+    given win over the TOML file, which wins over --arch's preset and the defaults; None = not given
+    (so a file's precision or seed is no longer overridden by the option's default)."""
+    from seqtool.config import PRESETS, train_settings
+
+    toml = tmp_path / "run.toml"
+    toml.write_text('arch = "tiny"\n[model]\ndropout = 0.3\n[optim]\nlr = 0.002\nwarmup = 10\n'
+                    '[train]\nprecision = "fp32"\nseed = 7\nmax_time = "2m"\n')
+    s = train_settings(None, dict(lr=0.005, dropout=None, seed=None, max_updates=9, compile=True, src_lang="es"), toml)
+    assert (s.optim.lr, s.optim.warmup) == (0.005, 10)  # option over file; file over default
+    assert (s.model.dropout, s.model.d_model) == (0.3, PRESETS["tiny"]["d_model"])  # file over the file's arch
+    assert (s.train.precision, s.train.seed, s.train.max_time) == ("fp32", 7, 120.0)
+    assert (s.train.max_updates, s.train.compile, s.train.src_lang) == (9, True, "es")
+    assert s.asked_model["dropout"] == 0.3 and s.asked_model["d_model"] == PRESETS["tiny"]["d_model"]
+    plain = train_settings(None, {})
+    assert plain.model.d_model == PRESETS["small"]["d_model"] and "d_model" not in plain.asked_model  # no arch asked
+    with pytest.raises(TypeError, match="no field"):
+        train_settings(None, dict(tensorboard="x"))  # a misnamed option is a bug, not a user error

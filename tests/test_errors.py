@@ -504,7 +504,9 @@ def test_a_signal_in_translate_output_keeps_the_previous_file_and_leaves_no_part
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **CTRL_C_ABLE)
     proc.stdin.write(b"a b\nc d\n")
     proc.stdin.flush()  # stdin stays open: translate is mid-stream, waiting for more
-    partial = tmp_path / f".out.txt.{proc.pid}.partial"  # the writer's PID: two runs never share a temp file
+    from seqtool.textio import temp_path
+
+    partial = temp_path(out, proc.pid)  # the writer's PID: two runs never share a temp file
     assert _wait_for(lambda: partial.exists() and partial.stat().st_size > 0)
     os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=300)

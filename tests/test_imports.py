@@ -17,6 +17,7 @@ LAYERS = [
     {"__main__"},
     {"cli"},
     {"train", "plot", "info", "export"},
+    {"job"},
     {"validate", "finetune", "update", "binarize", "distributed", "ema", "schedule", "metrics"},
     {"translate", "data", "loss"},
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},

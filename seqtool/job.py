@@ -1,0 +1,178 @@
+"""What a training run is asked to do, the data it reads, and what it gives back.
+
+Owns the job (configs, where the data is: DATA_DIR, or raw files that prepare_raw tokenizes and
+binarizes into SAVE_DIR/data through train-tokenizer's and binarize's code), opening the data with
+the checks that it is what the job asks for (languages, tokenizer, a valid split where one is
+needed), and the run's summary. The loop itself is train.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from . import distributed, finetune, log
+from .binarize import SplitSpec, binarize
+from .config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, config_diff
+from .data import ParallelDataset, epoch_batches, min_pair_length, read_meta
+from .errors import ConfigError, InputError
+from .tokenizer import Tokenizer, train_tokenizer
+
+
+# Settings that may change when a run is resumed: limits and where/how fast it runs.
+RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",
+                     "patience", "save_interval_updates", "keep_last", "tensorboard_dir", "eval_bleu", "eval_bleu_beam",
+                     "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b",
+                     "dist_timeout", "compile"}
+
+
+@dataclass
+class RawData:
+    """Raw parallel files to tokenize and binarize into SAVE_DIR/data before training."""
+
+    train_prefix: str
+    valid_prefix: str
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    workers: int = 1
+
+
+@dataclass
+class TrainJob:
+    save_dir: Path
+    model: ModelConfig  # vocab_size and special ids are taken from the data
+    optim: OptimConfig
+    train: TrainConfig
+    data_dir: Optional[Path] = None
+    raw: Optional[RawData] = None
+    force: bool = False  # start afresh in a SAVE_DIR that holds another run (instead of resuming or refusing)
+    finetune: Optional[finetune.Finetune] = None  # start from these weights (and tokenizer), with fresh training state
+
+
+@dataclass
+class TrainResult:
+    updates: int
+    epochs: float
+    best_valid_loss: float
+    last_valid_loss: float
+    train_tokens: int
+    train_seconds: float
+    skipped_too_long: int
+    save_dir: Path
+    stopped_by: str
+    best_metric: str = "loss"
+    best_value: float = float("nan")  # of best_metric
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.train_tokens / max(self.train_seconds, 1e-9)
+
+
+def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path:
+    """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them); with
+    --finetune, the checkpoint's tokenizer instead of a new one."""
+    assert job.raw is not None
+    data_dir = Path(job.save_dir) / "data"
+    src, tgt = job.train.src_lang, job.train.tgt_lang
+    if not src or not tgt:
+        raise ConfigError("training on raw files needs --src and --tgt")
+    from .textio import find_split_file
+
+    files = [find_split_file(job.raw.train_prefix, src), find_split_file(job.raw.train_prefix, tgt)]
+    find_split_file(job.raw.valid_prefix, src), find_split_file(job.raw.valid_prefix, tgt)  # fail early
+    if (data_dir / "meta.json").exists() and not job.force:
+        earlier = read_meta(data_dir)["splits"].get("train", {})
+        if [earlier.get("src_file"), earlier.get("tgt_file")] != [str(f) for f in files]:
+            raise InputError(f"{data_dir}: was prepared from {earlier.get('src_file')} and {earlier.get('tgt_file')}, not "
+                             f"{files[0]} and {files[1]}; use another --save-dir or pass --force to start over")
+        log.info(f"using the data prepared earlier in {data_dir}")
+        return data_dir
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if source is not None:
+        log.info(f"using the tokenizer of {source.path}")
+        model_path = finetune.write_tokenizer(source, data_dir)
+    else:
+        log.info(f"training a {job.raw.tokenizer.model_type} tokenizer ({job.raw.tokenizer.vocab_size} pieces) on {', '.join(map(str, files))}")
+        model_path = train_tokenizer(files, str(data_dir / "tokenizer"), job.raw.tokenizer)
+    log.info(f"binarizing into {data_dir}")
+    binarize(src, tgt, [SplitSpec("train", job.raw.train_prefix), SplitSpec("valid", job.raw.valid_prefix)],
+             model_path, data_dir, workers=job.raw.workers, force=job.force)
+    return data_dir
+
+
+@dataclass
+class TrainingData:
+    data_dir: Path
+    meta: dict
+    tokenizer: Tokenizer
+    train_set: ParallelDataset
+    valid_set: Optional[ParallelDataset]
+
+
+def open_data(job: TrainJob, source: Optional[finetune.Source] = None) -> TrainingData:
+    """The job's binarized data (DATA_DIR, or SAVE_DIR/data made by prepare_raw), checked against
+    the job: its languages, its tokenizer (the one it was binarized with; the --finetune
+    checkpoint's), and a valid split where --eval-bleu, --patience or --best-metric need one."""
+    cfg = job.train
+    data_dir = Path(job.save_dir) / "data" if job.raw is not None else Path(job.data_dir)
+    meta = read_meta(data_dir)
+    check_languages(data_dir, meta, cfg)
+    tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
+    if tokenizer.vocab_size != meta["vocab_size"]:
+        raise InputError(f"{data_dir}/tokenizer.model has {tokenizer.vocab_size} pieces but meta.json says {meta['vocab_size']}; binarize again")
+    if meta.get("tokenizer_sha256") not in (None, hashlib.sha256(tokenizer.model_bytes).hexdigest()):
+        raise InputError(f"{data_dir}/tokenizer.model is not the tokenizer the data was binarized with (sha256 differs from meta.json); binarize again with it")
+    if source is not None:
+        finetune.check_data(source, tokenizer, data_dir)
+    train_set = ParallelDataset(data_dir, "train", meta)
+    valid_set = ParallelDataset(data_dir, "valid", meta) if "valid" in meta["splits"] else None
+    if valid_set is None and (cfg.eval_bleu or cfg.patience or cfg.best_metric != "loss"):
+        raise ConfigError(f"{data_dir}: has no valid split, which --eval-bleu, --patience and --best-metric need; binarize one with --valid")
+    return TrainingData(data_dir, meta, tokenizer, train_set, valid_set)
+
+
+def check_languages(data_dir: Path, meta: dict, cfg: TrainConfig) -> None:
+    """--src/--tgt, when given, must be the languages DATA_DIR holds (never trained the wrong way silently)."""
+    for option, asked, held in (("--src", cfg.src_lang, meta["src_lang"]), ("--tgt", cfg.tgt_lang, meta["tgt_lang"])):
+        if asked and asked != held:
+            raise ConfigError(f"{option} {asked}, but {data_dir} holds {meta['src_lang']} -> {meta['tgt_lang']} data; "
+                              f"drop {option} or binarize {asked} data")
+
+
+def plan_epoch(train_set: ParallelDataset, data_dir: Path, cfg: TrainConfig, max_positions: int, epoch: int, rank: int,
+               world: int, first: bool) -> tuple[list, int]:
+    """This rank's updates of an epoch (each a list of micro-batch ids), and the pairs skipped as
+    too long; a clear error when nothing can be trained. first: the run's first epoch (warn once)."""
+    shard, skipped = epoch_batches(train_set, cfg.max_tokens, max_positions, cfg.seed, epoch, rank=rank, world=world)
+    batches = distributed.update_batches(shard, cfg.update_freq)  # per update: its micro-batches
+    if skipped == len(train_set):
+        shortest = int(min_pair_length(train_set))
+        raise InputError(f"{data_dir}: no training pair fits --max-tokens {cfg.max_tokens} and {max_positions} positions "
+                         f"(the shortest pair needs {shortest}); raise --max-tokens to at least {shortest}")
+    if not batches:
+        raise InputError(f"{data_dir}: an epoch has fewer batches of --max-tokens {cfg.max_tokens} than one update needs "
+                         f"(--update-freq {cfg.update_freq} x {world} process(es)); lower --max-tokens or --update-freq")
+    if first and skipped:
+        log.warn(f"skipping {skipped} training pairs longer than {min(max_positions, cfg.max_tokens)} tokens")
+    return batches, skipped
+
+
+def resume_conflicts(saved: dict, current: dict) -> list[str]:
+    """The differences between a checkpoint's configs and this job's that forbid resuming it (the
+    settings in RESUMABLE_CHANGES may change)."""
+    return list(config_diff(_without(saved), _without(current)))
+
+
+def _without(configs: dict) -> dict:
+    out = json.loads(json.dumps(configs))
+    # settings added since a run was saved count as their defaults (it ran with that behaviour)
+    out["train"] = {**json.loads(json.dumps(TrainConfig().to_dict())), **out.get("train", {})}
+    for key in RESUMABLE_CHANGES:
+        out.get("train", {}).pop(key, None)
+    out.pop("schedule", None)  # follows from the settings compared here and the limits, which may change
+    # settings added since a run was saved count as their defaults; a run saved before lr_schedule
+    # existed decayed as inverse-sqrt
+    out["optim"] = {"lr_schedule": "inverse-sqrt", **out.get("optim", {})}
+    return out
