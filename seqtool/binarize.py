@@ -77,7 +77,8 @@ class _EncodingPool:
             # for the lost chunk, and its terminate() can block on a queue lock the dead worker held
             self.executor = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
                                                 initargs=(self.model_bytes,))
-            list(self.executor.map(_pid, range(self.workers)))  # start every worker now, while SIGINT is ignored
+            started = set(self.executor.map(_pid, range(self.workers)))  # start every worker now, while SIGINT is ignored
+            self.pids = sorted(started | set(getattr(self.executor, "_processes", None) or ()))
         except BrokenProcessPool:
             self.executor.shutdown(wait=False, cancel_futures=True)
             raise ResourceError(f"--workers {self.workers}: an encoding process failed to start (out of memory?)") from None
@@ -95,6 +96,7 @@ class _EncodingPool:
 
     def submit(self, lines: list[str]):
         self.check()
+        self._check_workers()
         try:
             return self.executor.submit(_encode_chunk, lines)
         except BrokenProcessPool:
@@ -106,11 +108,32 @@ class _EncodingPool:
                 return result.result(timeout=0.05)
             except FutureTimeout:
                 self.check()
+                self._check_workers()
             except BrokenProcessPool:
                 raise self._died() from None
 
-    def _died(self) -> ResourceError:
-        return ResourceError("a --workers process died: killed, or out of memory; nothing was written; "
+    def _check_workers(self) -> None:
+        """A worker killed while it was writing a result leaves half a message in the result pipe:
+        concurrent.futures' manager thread then waits in recv() for the rest, never sees the dead
+        process, and the result never comes (seen in about 1 run in 4, Python 3.11). So the pool
+        looks at its workers itself while it waits; when one is gone, the others are stopped, which
+        ends the pipe and lets the executor shut down."""
+        dead = [pid for pid in self.pids if not _alive(pid)]
+        if dead:
+            for pid in self.pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)  # their chunks are lost anyway: nothing is written
+            # The result pipe's last write end is then this process's own copy (the executor keeps
+            # one, unused, in the parent): closing it turns the manager's endless recv() into EOF,
+            # the executor sees itself broken, and shutdown() can join it.
+            writer = getattr(getattr(self.executor, "_result_queue", None), "_writer", None)
+            if writer is not None:
+                writer.close()
+            raise self._died(dead[0])
+
+    def _died(self, pid: Optional[int] = None) -> ResourceError:
+        which = f" (PID {pid})" if pid is not None else ""
+        return ResourceError(f"a --workers process{which} died: killed, or out of memory; nothing was written; "
                              "run again, with fewer --workers if memory is short")
 
     def __exit__(self, *exc) -> None:
@@ -126,6 +149,18 @@ class _EncodingPool:
 
 def _pid(_) -> int:
     return os.getpid()
+
+
+def _alive(pid: int) -> bool:
+    """Whether child `pid` still runs (a zombie, not yet reaped by its pool, does not); where there
+    is no /proc, every worker counts as alive and the executor's own check is all there is."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:

@@ -440,6 +440,42 @@ def test_a_signal_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_pat
     assert not out_dir.exists()
 
 
+def test_a_binarize_worker_killed_is_an_error_within_seconds_not_a_hang(corpus, tmp_path):
+    """SIGKILL (as the OOM killer) of one encoding worker mid-run: one clear line naming it, exit 1,
+    nothing written, no worker left. A worker killed while writing its result left half a message
+    in concurrent.futures' result pipe, and its manager thread waited for the rest forever (1 run in
+    4 hung); the pool now watches its workers itself (binarize._EncodingPool._check_workers)."""
+    from conftest import process_running
+
+    lines = b"".join(b"a b c d e f g h i j %d\n" % (i % 7) for i in range(600_000))
+    write_pair(tmp_path, "big", lines, lines)
+    out_dir = tmp_path / "bin"
+    proc = subprocess.Popen([*PYTHON, "binarize", "--src", "src", "--tgt", "tgt", "--train", str(tmp_path / "big"),
+                             "--tokenizer", str(corpus / "spm.model"), "--out", str(out_dir), "--workers", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def workers() -> list[int]:
+        return [c for c in _children(proc.pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+    def started() -> bool:  # both workers up and encoded chunks arriving: the kill lands mid-run
+        try:
+            return len(workers()) == 2 and any(p.suffix == ".tmp" and p.stat().st_size > 0 for p in out_dir.iterdir())
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    assert _wait_for(started)
+    pool = workers()
+    victim = pool[0]
+    os.kill(victim, signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        f"error: a --workers process (PID {victim}) died: killed, or out of memory; nothing was written; "
+        "run again, with fewer --workers if memory is short"], err
+    assert not out_dir.exists()
+    assert _wait_for(lambda: not any(map(process_running, pool)), timeout=30)  # no worker left behind
+
+
 def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(corpus):
     # SIGINT while the pool lives must not raise inside multiprocessing's locking: it is flagged,
     # and the next check (submit / waiting for a result) raises KeyboardInterrupt
