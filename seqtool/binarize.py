@@ -17,8 +17,6 @@ import multiprocessing as mp
 import os
 import signal
 import threading
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ import numpy as np
 from .data import FORMAT_VERSION, shard_paths, token_dtype
 from .errors import InputError, ResourceError
 from .interrupts import Interrupts
+from .procpool import WatchedPool, WorkerDied
 from .textio import atomic_write_bytes, find_split_file, read_lines
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -72,15 +71,11 @@ class _EncodingPool:
         main = threading.current_thread() is threading.main_thread()  # only it may set handlers
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
-            # concurrent.futures, not multiprocessing.Pool: when a worker dies (killed, out of memory)
-            # the executor reports it (BrokenProcessPool) and stops the others; Pool waits forever
-            # for the lost chunk, and its terminate() can block on a queue lock the dead worker held
-            self.executor = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
-                                                initargs=(self.model_bytes,))
-            started = set(self.executor.map(_pid, range(self.workers)))  # start every worker now, while SIGINT is ignored
-            self.pids = sorted(started | set(getattr(self.executor, "_processes", None) or ()))
+            # concurrent.futures (procpool.py), not multiprocessing.Pool: a dead worker is reported,
+            # where Pool waits forever for the lost chunk and its terminate() can block on a queue
+            # lock the dead worker held. Started now, while SIGINT is ignored.
+            self.pool = WatchedPool(self.workers, mp.get_context("spawn"), _init_worker, (self.model_bytes,))
         except BrokenProcessPool:
-            self.executor.shutdown(wait=False, cancel_futures=True)
             raise ResourceError(f"--workers {self.workers}: an encoding process failed to start (out of memory?)") from None
         finally:
             if main:
@@ -96,40 +91,16 @@ class _EncodingPool:
 
     def submit(self, lines: list[str]):
         self.check()
-        self._check_workers()
         try:
-            return self.executor.submit(_encode_chunk, lines)
-        except BrokenProcessPool:
-            raise self._died() from None
+            return self.pool.submit(_encode_chunk, lines)
+        except WorkerDied as died:
+            raise self._died(died.pid) from None
 
     def get(self, result) -> list[list[int]]:
-        while True:
-            try:
-                return result.result(timeout=0.05)
-            except FutureTimeout:
-                self.check()
-                self._check_workers()
-            except BrokenProcessPool:
-                raise self._died() from None
-
-    def _check_workers(self) -> None:
-        """A worker killed while it was writing a result leaves half a message in the result pipe:
-        concurrent.futures' manager thread then waits in recv() for the rest, never sees the dead
-        process, and the result never comes (seen in about 1 run in 4, Python 3.11). So the pool
-        looks at its workers itself while it waits; when one is gone, the others are stopped, which
-        ends the pipe and lets the executor shut down."""
-        dead = [pid for pid in self.pids if not _alive(pid)]
-        if dead:
-            for pid in self.pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)  # their chunks are lost anyway: nothing is written
-            # The result pipe's last write end is then this process's own copy (the executor keeps
-            # one, unused, in the parent): closing it turns the manager's endless recv() into EOF,
-            # the executor sees itself broken, and shutdown() can join it.
-            writer = getattr(getattr(self.executor, "_result_queue", None), "_writer", None)
-            if writer is not None:
-                writer.close()
-            raise self._died(dead[0])
+        try:
+            return self.pool.result(result, between=self.check)
+        except WorkerDied as died:
+            raise self._died(died.pid) from None
 
     def _died(self, pid: Optional[int] = None) -> ResourceError:
         which = f" (PID {pid})" if pid is not None else ""
@@ -137,30 +108,12 @@ class _EncodingPool:
                              "run again, with fewer --workers if memory is short")
 
     def __exit__(self, *exc) -> None:
-        # wait for the running chunks (small) so the workers are gone when this returns; wait=False leaves
-        # concurrent.futures' exit hook writing to a closed pipe (a traceback at exit, Python 3.11)
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown()  # the running chunks (small) end first: no worker outlives the pool
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
             signal.signal(signal.SIGTERM, self.previous_term)
         if exc[0] is None:
             self.check()  # a Ctrl-C after the last check still stops the run before anything is committed
-
-
-def _pid(_) -> int:
-    return os.getpid()
-
-
-def _alive(pid: int) -> bool:
-    """Whether child `pid` still runs (a zombie, not yet reaped by its pool, does not); where there
-    is no /proc, every worker counts as alive and the executor's own check is all there is."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return not Path("/proc/self").exists()
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
 
 
 def _encode_chunk(lines: list[str]) -> list[list[int]]:

@@ -27,11 +27,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable, Iterable, Iterator
 
-from .errors import ConfigError
+from .errors import ConfigError, ResourceError
+from .procpool import WatchedPool, WorkerDied
 from .interrupts import die_with_parent
 
 _translator = None  # the worker process's own Translator
@@ -49,10 +49,6 @@ def _search(job):
     return _translator.search_batch(rows, keys, options)
 
 
-def _pid(_) -> int:
-    return os.getpid()
-
-
 class WorkerPool:
     """`n` decoding processes, each holding what `load` returns: a picklable callable (e.g. a
     functools.partial of Translator.load with one worker's settings), so this module needs no
@@ -60,23 +56,19 @@ class WorkerPool:
 
     def __init__(self, load: Callable[[], object], n: int):
         self.n = n
-        self.executor = ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-                                            initargs=(load, os.getpid()))
-        # Start (and load) every worker now, not inside the first translation: n jobs submitted
-        # at once start n processes.
-        try:
-            list(self.executor.map(_pid, range(n)))
+        try:  # every worker started (and its model loaded) now, not inside the first translation
+            self.pool = WatchedPool(n, multiprocessing.get_context("spawn"), _start, (load, os.getpid()))
         except BrokenProcessPool:
-            self.executor.shutdown(wait=False, cancel_futures=True)
             raise ConfigError(f"--workers {n}: a decoding process failed to start (see its error above)") from None
 
     def search(self, jobs: Iterable[tuple]) -> Iterator:
         """search_batch(rows, keys, options) of every job, in order, decoded by the workers in parallel."""
         try:
-            yield from self.executor.map(_search, jobs)
-        except BrokenProcessPool:
-            raise ConfigError("a decoding worker process died (killed, or out of memory?); "
-                              "use fewer --workers or a smaller --batch-size") from None
+            yield from self.pool.map(_search, jobs)
+        except WorkerDied as died:
+            which = f" (PID {died.pid})" if died.pid is not None else ""
+            raise ResourceError(f"a decoding worker process{which} died: killed, or out of memory; "
+                                "use fewer --workers or a smaller --batch-size") from None
 
     def close(self) -> None:
-        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pool.shutdown()

@@ -1,8 +1,10 @@
 """The Python API (`from seqtool import Translator`) as README documents it, and the new
 translate options reaching the library from the command line."""
 
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -219,6 +221,30 @@ def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint)
     proc.kill()
     proc.wait()
 
+    deadline = time.time() + 20
+    while any(map(process_running, workers)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(map(process_running, workers))
+
+
+def test_a_decoding_worker_killed_is_one_clear_error_not_a_hang(tiny_checkpoint):
+    """SIGKILL of one `translate --workers 2` worker (as the OOM killer): the next batch ends the run
+    with one line naming it, exit 1, and the other worker is stopped (procpool.WatchedPool)."""
+    proc = subprocess.Popen([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--device", "cpu",
+                             "--threads", "2", "--workers", "2", "--max-len-b", "4"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(b"a b\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline()  # translating: the workers are up
+    workers = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    workers = [w for w in workers if b"spawn_main" in Path(f"/proc/{w}/cmdline").read_bytes()]
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    _, err = proc.communicate(b"c d e\n" * 500, timeout=60)
+    assert proc.returncode == 1, err
+    assert [line for line in err.decode().splitlines() if line.startswith("error:")] == [
+        f"error: a decoding worker process (PID {workers[1]}) died: killed, or out of memory; "
+        "use fewer --workers or a smaller --batch-size"], err
     deadline = time.time() + 20
     while any(map(process_running, workers)) and time.time() < deadline:
         time.sleep(0.05)

@@ -24,7 +24,7 @@ LAYERS = [
     {"checkpoint", "precision", "tokenizer"},
     {"model", "device", "allocator"},
     {"kernels", "cache", "config", "textio", "runlock"},
-    {"log", "errors", "interrupts"},
+    {"log", "errors", "interrupts", "procpool"},
 ]
 
 
