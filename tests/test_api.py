@@ -207,9 +207,9 @@ def test_worker_processes_translate_exactly_as_one_process(api, tmp_path):
         assert two.translate(lines, asked) == one.translate(lines, asked)
 
 
-def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint):
-    # SIGKILL (as the OOM killer) leaves the parent no chance to stop them: the kernel does (PDEATHSIG)
-    proc = subprocess.Popen([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--device", "cpu",
+def _translating_with_two_workers(checkpoint) -> tuple[subprocess.Popen, list[int]]:
+    """`translate --workers 2` reading a pipe, one line translated (so both workers are up), and their PIDs."""
+    proc = subprocess.Popen([sys.executable, "-m", "seqtool", "translate", "-c", str(checkpoint), "--device", "cpu",
                              "--threads", "2", "--workers", "2", "--max-len-b", "4"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdin.write(b"a b\n")
@@ -218,6 +218,12 @@ def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint)
     workers = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
     workers = [w for w in workers if b"spawn_main" in Path(f"/proc/{w}/cmdline").read_bytes()]
     assert len(workers) == 2
+    return proc, workers
+
+
+def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint):
+    # SIGKILL (as the OOM killer) leaves the parent no chance to stop them: the kernel does (PDEATHSIG)
+    proc, workers = _translating_with_two_workers(tiny_checkpoint)
     proc.kill()
     proc.wait()
 
@@ -230,15 +236,7 @@ def test_worker_processes_end_with_their_parent_however_it_ends(tiny_checkpoint)
 def test_a_decoding_worker_killed_is_one_clear_error_not_a_hang(tiny_checkpoint):
     """SIGKILL of one `translate --workers 2` worker (as the OOM killer): the next batch ends the run
     with one line naming it, exit 1, and the other worker is stopped (procpool.WatchedPool)."""
-    proc = subprocess.Popen([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--device", "cpu",
-                             "--threads", "2", "--workers", "2", "--max-len-b", "4"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdin.write(b"a b\n")
-    proc.stdin.flush()
-    assert proc.stdout.readline()  # translating: the workers are up
-    workers = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-    workers = [w for w in workers if b"spawn_main" in Path(f"/proc/{w}/cmdline").read_bytes()]
-    assert len(workers) == 2
+    proc, workers = _translating_with_two_workers(tiny_checkpoint)
     os.kill(workers[1], signal.SIGKILL)
     _, err = proc.communicate(b"c d e\n" * 500, timeout=60)
     assert proc.returncode == 1, err
