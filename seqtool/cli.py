@@ -194,7 +194,8 @@ def train(
     force: Annotated[bool, typer.Option("--force", help="Start a new run in a SAVE_DIR that holds another (replaces its checkpoints).")] = False,
 ):
     """Train a Transformer on DATA_DIR, or directly on raw parallel files."""
-    from .config import TokenizerConfig, parse_duration, train_settings
+    from .config import TokenizerConfig
+    from .settings import parse_duration, train_settings
     from .train import RawData, TrainJob, train as run
 
     options = dict(dropout=dropout, pre_norm=pre_norm, lr=lr, warmup=warmup, lr_schedule=lr_schedule,

@@ -22,7 +22,7 @@ def _toml(tmp_path, text):
     ("model = 3\n", ["model must be a table"]),
 ])
 def test_config_file_mistakes_name_the_file_and_key(tmp_path, text, fragments):
-    from seqtool.config import read_toml
+    from seqtool.settings import read_toml
 
     with pytest.raises(ConfigError) as info:
         read_toml(_toml(tmp_path, text))
@@ -31,7 +31,7 @@ def test_config_file_mistakes_name_the_file_and_key(tmp_path, text, fragments):
 
 
 def test_config_file_values_are_normalised(tmp_path):
-    from seqtool.config import read_toml
+    from seqtool.settings import read_toml
 
     data = read_toml(_toml(tmp_path, '[optim]\nbetas = [0.9, 0.98]\nlr = 1\n[train]\nmax_time = "20m"\n'))
     assert data["optim"]["betas"] == (0.9, 0.98) and data["optim"]["lr"] == 1 and data["train"]["max_time"] == 1200
@@ -56,7 +56,8 @@ def test_train_settings_layer_options_over_the_file_over_the_preset(tmp_path):
     """One loader for `seqtool train`: each option lands in the config owning its field; options
     given win over the TOML file, which wins over --arch's preset and the defaults; None = not given
     (so a file's precision or seed is no longer overridden by the option's default)."""
-    from seqtool.config import PRESETS, train_settings
+    from seqtool.config import PRESETS
+    from seqtool.settings import train_settings
 
     toml = tmp_path / "run.toml"
     toml.write_text('arch = "tiny"\n[model]\ndropout = 0.3\n[optim]\nlr = 0.002\nwarmup = 10\n'

@@ -22,7 +22,7 @@ LAYERS = [
     {"translate", "data", "loss"},
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
     {"checkpoint", "precision", "tokenizer"},
-    {"model", "device", "allocator"},
+    {"model", "device", "allocator", "settings"},
     {"kernels", "cache", "config", "textio", "runlock"},
     {"log", "errors", "interrupts", "procpool"},
 ]
