@@ -9,24 +9,16 @@ needed), and the run's summary. The loop itself is train.py's.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from . import distributed, finetune, log
 from .binarize import SplitSpec, binarize
-from .config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig, config_diff
+from .config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig
 from .data import ParallelDataset, epoch_batches, min_pair_length, read_meta
 from .errors import ConfigError, InputError
 from .tokenizer import Tokenizer, train_tokenizer
-
-
-# Settings that may change when a run is resumed: limits and where/how fast it runs.
-RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",
-                     "patience", "save_interval_updates", "keep_last", "tensorboard_dir", "eval_bleu", "eval_bleu_beam",
-                     "eval_bleu_lenpen", "eval_bleu_max_len_a", "eval_bleu_max_len_b",
-                     "dist_timeout", "compile"}
 
 
 @dataclass
@@ -157,22 +149,3 @@ def plan_epoch(train_set: ParallelDataset, data_dir: Path, cfg: TrainConfig, max
     if first and skipped:
         log.warn(f"skipping {skipped} training pairs longer than {min(max_positions, cfg.max_tokens)} tokens")
     return batches, skipped
-
-
-def resume_conflicts(saved: dict, current: dict) -> list[str]:
-    """The differences between a checkpoint's configs and this job's that forbid resuming it (the
-    settings in RESUMABLE_CHANGES may change)."""
-    return list(config_diff(_without(saved), _without(current)))
-
-
-def _without(configs: dict) -> dict:
-    out = json.loads(json.dumps(configs))
-    # settings added since a run was saved count as their defaults (it ran with that behaviour)
-    out["train"] = {**json.loads(json.dumps(TrainConfig().to_dict())), **out.get("train", {})}
-    for key in RESUMABLE_CHANGES:
-        out.get("train", {}).pop(key, None)
-    out.pop("schedule", None)  # follows from the settings compared here and the limits, which may change
-    # settings added since a run was saved count as their defaults; a run saved before lr_schedule
-    # existed decayed as inverse-sqrt
-    out["optim"] = {"lr_schedule": "inverse-sqrt", **out.get("optim", {})}
-    return out

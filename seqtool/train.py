@@ -14,9 +14,7 @@ checkpoint's) and binarizes into SAVE_DIR/data through the same code.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import Iterator, Optional
@@ -29,12 +27,12 @@ from .data import collate
 from .device import pick_device, resolve_precision, sdpa_without_cudnn
 from .ema import EMA
 from .interrupts import Interrupts
-from .errors import ConfigError, InputError
+from .errors import ConfigError
 from .metrics import MetricsLog, ThroughputWindow
 from .model import Transformer
 from .runlock import RunLock
-from .textio import atomic_write_bytes
-from .job import RawData, TrainJob, TrainResult, open_data, plan_epoch, prepare_raw, resume_conflicts
+from .job import RawData, TrainJob, TrainResult, open_data, plan_epoch, prepare_raw
+from .savedir import RunFiles
 
 __all__ = ["RawData", "TrainJob", "TrainResult", "Trainer", "train"]  # the job's types, for callers of train()
 from .update import autocast as autocast_for
@@ -111,48 +109,21 @@ class Trainer:
         self.ema = EMA(self.model.parameters(), cfg.ema_decay) if cfg.ema_decay else None
         self.state = checkpoint.TrainingState()
         self.early_stopping = validate.EarlyStopping(cfg.best_metric, cfg.patience, self.state)  # keeps its state in self.state
-        self.metrics_new = self.paths.save_dir / (self.paths.metrics.name + ".new")  # a --force run's, until its first save
-        self.replacing_old_run = False
+        self.files = RunFiles(job.save_dir, self.configs, self.dist.is_main)
         self._resume_or_start()
         self.interrupts = Interrupts()
         self.saved_progress: Optional[dict] = None  # the TrainingState last.pt holds (state_dict)
-        self.metrics = MetricsLog(self.metrics_new if self.replacing_old_run else self.paths.metrics,
-                                  Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None, enabled=self.dist.is_main)
+        self.metrics = MetricsLog(self.files.metrics_path, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None,
+                                  enabled=self.dist.is_main)
         self.updater.skipped = self.state.skipped_updates
 
     # ---- set-up ---------------------------------------------------------------------------
     def _resume_or_start(self) -> None:
-        save_dir = self.paths.save_dir
-        save_dir.mkdir(parents=True, exist_ok=True)
-        for stale in checkpoint.remove_stale_temps(save_dir):
-            log.info(f"removed {stale.name}, left by a save that was killed")
-        if self.dist.is_main:
-            self.metrics_new.unlink(missing_ok=True)  # left by a --force run killed before its first save
-        old_run = [p for p in (self.paths.last, self.paths.best, self.paths.metrics) if p.exists()]
-        if self.job.force and old_run:
-            # start afresh, but delete nothing yet: the old run's files are replaced by this run's
-            # first save (_replace_old_run), so a failure before it leaves them as they were
-            log.warn(f"--force: starting a new run in {save_dir}; the old run's checkpoints and metrics are replaced "
-                     f"at this run's first save")
-            self.replacing_old_run = True
+        """A fresh run, or last.pt's state resumed: weights, optimizer, loss scale, progress, each
+        rank's RNG stream (savedir.RunFiles decides which, and checks that it may)."""
+        ckpt = self.files.open(self.job.force, self.dist, self.tokenizer.model_bytes, f"{self.data_dir}/tokenizer.model")
+        if ckpt is None:
             return
-        self.dist.check_same(self.paths.last.exists(), f"whether {self.paths.last} exists (--save-dir must be shared by all nodes)")
-        if not self.paths.last.exists():
-            if self.paths.best.exists():
-                raise InputError(f"{save_dir}: holds best.pt from another run but no last.pt to resume; pick another --save-dir or pass --force to replace it")
-            if self.dist.is_main:
-                atomic_write_bytes(self.paths.config, (json.dumps(self.configs, indent=2) + "\n").encode())
-            return
-        ckpt = checkpoint.load(self.paths.last)
-        saved = ckpt["configs"]
-        diffs = resume_conflicts(saved, self.configs)
-        if diffs:
-            raise ConfigError(
-                f"{self.paths.last}: saved with a different configuration, so it cannot be resumed: "
-                + "; ".join(diffs) + ". Use the same settings, another --save-dir, or --force to start over"
-            )
-        if checkpoint.tokenizer_bytes(ckpt) != self.tokenizer.model_bytes:
-            raise InputError(f"{self.paths.last}: was trained with another tokenizer than {self.data_dir}/tokenizer.model")
         self.model.load_state_dict(ckpt["weights"], strict=False)
         rngs, saved_world = checkpoint.unpack_train_state(ckpt["train_state"], self.optimizer, self.scaler, self.state, self.ema)
         if self.dist.rank < len(rngs):  # each rank continues its own dropout stream
@@ -163,43 +134,15 @@ class Trainer:
             log.warn(f"{self.paths.last} was trained by {saved_world} process(es), now {self.dist.world_size}: the batch per "
                      f"update changes, and the run is not the one it would have been (resumed at update "
                      f"{self.state.batch_in_epoch} of epoch {self.state.epoch})")
-        self._adopt_best_pt()
+        valid = self.files.best_valid()  # after a kill between best.pt and last.pt, best.pt knows better
+        if valid is not None:
+            saved = validate.ValidResult(valid["loss"], valid.get("nll", valid["loss"]), bleu=valid.get("bleu"), chrf=valid.get("chrf"))
+            if self.early_stopping.beats_best(saved):
+                log.warn(f"{self.paths.best} holds a better validation than {self.paths.last} records (a save was cut "
+                         f"short): continuing from its {self.early_stopping.metric} {saved.value(self.early_stopping.metric):.4g}")
+                self.state.best_metric_value = saved.value(self.early_stopping.metric)
+                self.state.best_valid_loss = min(self.state.best_valid_loss, saved.loss)
         log.info(f"resuming {self.paths.last}: update {self.state.updates}, epoch {self.state.epoch}")
-
-    def _adopt_best_pt(self) -> None:
-        """best.pt is written before last.pt: after a kill between the two, best.pt holds a better
-        validation than last.pt knows of. Take its figures, so the resumed run never replaces it
-        with a worse model."""
-        if not self.paths.best.exists():
-            return
-        try:
-            valid = checkpoint.load(self.paths.best).get("valid") or {}
-        except InputError as error:
-            log.warn(f"{self.paths.best}: cannot be read ({error}); it will be replaced at the next improvement")
-            return
-        if valid.get("loss") is None:
-            return
-        saved = validate.ValidResult(valid["loss"], valid.get("nll", valid["loss"]), bleu=valid.get("bleu"), chrf=valid.get("chrf"))
-        if self.early_stopping.beats_best(saved):
-            log.warn(f"{self.paths.best} holds a better validation than {self.paths.last} records (a save was cut short): "
-                     f"continuing from its {self.early_stopping.metric} {saved.value(self.early_stopping.metric):.4g}")
-            self.state.best_metric_value = saved.value(self.early_stopping.metric)
-            self.state.best_valid_loss = min(self.state.best_valid_loss, saved.loss)
-
-    def _replace_old_run(self, wrote_best: bool) -> None:
-        """A --force run's first save, once its last.pt is written: the old run's update-numbered copies
-        and best.pt (unless this save replaced it) go; this run's config.json and metrics (written to
-        metrics.jsonl.new so far) take the old ones' places."""
-        checkpoint.prune_numbered(self.paths.save_dir, 0)
-        if not wrote_best:
-            self.paths.best.unlink(missing_ok=True)
-        atomic_write_bytes(self.paths.config, (json.dumps(self.configs, indent=2) + "\n").encode())
-        if self.metrics_new.exists():
-            os.replace(self.metrics_new, self.paths.metrics)
-        else:
-            self.paths.metrics.unlink(missing_ok=True)
-        self.metrics.path = self.paths.metrics
-        self.replacing_old_run = False
 
     # ---- one update ---------------------------------------------------------------------
     def _step(self, batches: list, global_tokens: int, epoch_batches: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,16 +195,9 @@ class Trainer:
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
                                 valid_loss=None if result is None else result.loss, updates=st.updates,
                                 progress=st.state_dict(), valid=valid)
-        wrote_best = result is not None and (improved or self.valid_set is None or not self.paths.best.exists())
-        if wrote_best:
-            best = {k: v for k, v in ckpt.items() if k != "train_state"}
-            checkpoint.save(best, self.paths.best)
-        checkpoint.save(ckpt, self.paths.last)
-        if self.replacing_old_run:  # this run's last.pt exists now: the old run's other files go
-            self._replace_old_run(wrote_best)
-        if cfg.keep_last and st.updates % cfg.save_interval_updates == 0:
-            checkpoint.save(ckpt, checkpoint.numbered_path(self.paths.save_dir, st.updates))
-            checkpoint.prune_numbered(self.paths.save_dir, cfg.keep_last)
+        best = result is not None and (improved or self.valid_set is None or not self.paths.best.exists())
+        self.files.write(ckpt, best, cfg.keep_last if cfg.keep_last and st.updates % cfg.save_interval_updates == 0 else 0)
+        self.metrics.path = self.files.metrics_path  # (a --force run's first save moved its metrics into place)
 
     # ---- the loop ----------------------------------------------------------------------
     def run(self) -> TrainResult:

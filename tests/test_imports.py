@@ -18,7 +18,7 @@ LAYERS = [
     {"cli"},
     {"train", "plot", "info", "export"},
     {"job"},
-    {"validate", "finetune", "update", "binarize", "distributed", "ema", "schedule", "metrics"},
+    {"validate", "finetune", "update", "binarize", "distributed", "ema", "schedule", "metrics", "savedir"},
     {"translate", "data", "loss"},
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
     {"checkpoint", "precision", "tokenizer"},
