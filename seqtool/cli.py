@@ -293,6 +293,42 @@ def translate(
 
 @app.command()
 @handles_user_errors
+def serve(
+    *,
+    checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="best.pt from seqtool train; several for an ensemble.")],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 5000,
+    max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="Source tokens of pending segments decoded together.")] = 4096,
+    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="The longest the oldest pending segment waits for others to join its batch.")] = 10.0,
+    queue_limit: Annotated[int, typer.Option("--queue-limit", help="Pending segments; beyond, requests get 503 with Retry-After.")] = 4096,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds before a request gets 504 (its pending segments dropped).")] = 60.0,
+    max_lines: Annotated[int, typer.Option("--max-lines", help="Segments per request (413 beyond).")] = 256,
+    max_chars: Annotated[int, typer.Option("--max-chars", help="Characters per request (413 beyond).")] = 100_000,
+    alignments: Annotated[bool, typer.Option("--alignments", help="Answer alignment requests of /v1/translate.")] = False,
+    beam: Annotated[int, typer.Option("--beam", "-b", help="Default beam size (a request may ask for another).")] = 5,
+    lenpen: Annotated[float, typer.Option("--lenpen", help="Default length penalty.")] = 1.0,
+    max_len_a: Annotated[float, typer.Option("--max-len-a", help="Default max output length = a * source length + b.")] = 0.0,
+    max_len_b: Annotated[int, typer.Option("--max-len-b")] = 200,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Sentences per model call within a batch.")] = 64,
+    device: Device = "auto",
+    precision: Precision = "auto",
+    quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
+    threads: Threads = 0,
+):
+    """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
+    from .config import DecodeConfig, ServeConfig
+    from .serve import serve as run
+
+    decode = DecodeConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
+                          device=device, precision=precision, quantize=quantize, threads=threads)
+    config = ServeConfig(host=host, port=port, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
+                         queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
+                         alignments=alignments)
+    run(checkpoint[0] if len(checkpoint) == 1 else checkpoint, decode, config)
+
+
+@app.command()
+@handles_user_errors
 def attention(
     source: Annotated[str, typer.Argument(help="The source sentence.")],
     *,

@@ -319,6 +319,28 @@ class DecodeConfig(_Config):
         return SearchOptions(self.beam, self.lenpen, self.nbest, self.max_len_a, self.max_len_b, sampling=sampling)
 
 
+@dataclass(frozen=True)
+class ServeConfig(_Config):
+    """`seqtool serve`'s server settings (the model's are a DecodeConfig)."""
+    host: str = "127.0.0.1"
+    port: int = 5000
+    max_batch_tokens: int = 4096  # source tokens of pending segments decoded in one call
+    max_wait_ms: float = 10.0  # the longest the oldest pending segment waits for others to join its batch
+    queue_limit: int = 4096  # pending segments; a request that would pass it gets 503 with Retry-After
+    request_timeout: float = 60.0  # seconds; then 504 and the request's pending segments are dropped
+    max_lines: int = 256  # segments per request (413 beyond)
+    max_chars: int = 100_000  # characters per request (413 beyond)
+    alignments: bool = False  # answer alignment requests (a forced pass per batch when asked)
+
+    def __post_init__(self):
+        _check(0 <= self.port < 65536, f"--port must be between 0 and 65535, got {self.port}")
+        _check(self.max_batch_tokens >= 1, f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
+        _check(self.max_wait_ms >= 0, f"--max-wait-ms must be >= 0, got {self.max_wait_ms}")
+        _check(self.queue_limit >= 1, f"--queue-limit must be >= 1, got {self.queue_limit}")
+        _check(self.request_timeout > 0, f"--request-timeout must be > 0, got {self.request_timeout}")
+        _check(self.max_lines >= 1 and self.max_chars >= 1, "--max-lines and --max-chars must be >= 1")
+
+
 def model_config_for(arch: str, **overrides: Any) -> ModelConfig:
     if arch not in PRESETS:
         raise ConfigError(f"--arch must be one of {', '.join(PRESETS)}, got {arch!r}")

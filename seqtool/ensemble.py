@@ -89,38 +89,41 @@ class Header:
     config: ModelConfig
 
 
-def load_header(paths: Sequence[Path]) -> tuple[Header, bytes]:
-    """The first checkpoint's ModelConfig and the tokenizer bytes the checkpoints share (checked as
-    load() checks them); no model is built, and each file's tensors are dropped as it is read."""
-    configs, tokenizer = _read(paths, lambda ckpt: ModelConfig.from_dict(ckpt["model_config"]))
-    return Header(configs[0]), tokenizer
+def load_header(paths: Sequence[Path]) -> tuple[Header, bytes, dict]:
+    """The first checkpoint's ModelConfig, the tokenizer bytes the checkpoints share (checked as
+    load() checks them) and the first one's training configs; no model is built, and each file's
+    tensors are dropped as it is read."""
+    configs, tokenizer, first = _read(paths, lambda ckpt: ModelConfig.from_dict(ckpt["model_config"]))
+    return Header(configs[0]), tokenizer, first
 
 
 def load(paths: Sequence[Path], device: torch.device, precision_name: str = "fp32", quantize: str = "none"):
     """The model of one checkpoint, or the Ensemble of several, each in its decoding precision;
     and the tokenizer bytes they share. Checkpoints whose tokenizers differ are refused, naming
     both files (their token ids would mean different pieces)."""
-    models, tokenizer = _read(paths, lambda ckpt: precision.prepare(checkpoint.load_model(ckpt, device), device, precision_name, quantize))
+    models, tokenizer, configs = _read(paths, lambda ckpt: precision.prepare(checkpoint.load_model(ckpt, device), device, precision_name, quantize))
     if len(models) == 1:
-        return models[0], tokenizer
-    return Ensemble(models, [str(p) for p in paths]), tokenizer
+        return models[0], tokenizer, configs
+    return Ensemble(models, [str(p) for p in paths]), tokenizer, configs
 
 
-def _read(paths: Sequence[Path], take) -> tuple[list, bytes]:
-    """take(checkpoint) of each file, one checkpoint's tensors in memory at a time; checkpoints whose
-    tokenizers differ are refused, naming both files (their token ids would mean different pieces)."""
+def _read(paths: Sequence[Path], take) -> tuple[list, bytes, dict]:
+    """take(checkpoint) of each file, one checkpoint's tensors in memory at a time, the shared
+    tokenizer and the first file's training configs (model, optim, train: its languages);
+    checkpoints whose tokenizers differ are refused, naming both files (their token ids would mean
+    different pieces)."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise InputError("give at least one --checkpoint")
-    out, first = [], b""
+    out, first, configs = [], b"", {}
     for i, path in enumerate(paths):
         ckpt = checkpoint.load(path)
         ours = checkpoint.tokenizer_bytes(ckpt)
         if i == 0:
-            first = ours
+            first, configs = ours, dict(ckpt.get("configs") or {})
         elif ours != first:
             raise InputError(f"{path}: its tokenizer differs from {paths[0]}'s; the checkpoints of an ensemble must "
                              "share one tokenizer (train them on one DATA_DIR)")
         out.append(take(ckpt))
         del ckpt
-    return out, first
+    return out, first, configs

@@ -64,6 +64,7 @@ class Translator:
     def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device, pool=None):
         self.model, self.tokenizer, self.config, self.device = model, tokenizer, config, device
         self.pool = pool  # workers.WorkerPool that decodes the batches when config.workers > 1
+        self.configs: dict = {}  # the (first) checkpoint's training configs: model, optim, train (its languages)
         self.max_src = model.config.max_positions - 1  # room for the EOS
         # attention weights come from one network: an ensemble's first member aligns
         self.aligner = model.models[0] if isinstance(model, ensemble.Ensemble) else model
@@ -99,9 +100,9 @@ class Translator:
         if use_workers and device.type != "cpu":
             raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
         if use_workers and not config.print_alignment:  # the workers hold the models: N workers, N models
-            model, tokenizer_bytes = ensemble.load_header(paths)
+            model, tokenizer_bytes, configs = ensemble.load_header(paths)
         else:
-            model, tokenizer_bytes = ensemble.load(paths, device, config.precision, config.quantize)
+            model, tokenizer_bytes, configs = ensemble.load(paths, device, config.precision, config.quantize)
         tokenizer = Tokenizer(tokenizer_bytes, f"{paths[0]} (tokenizer)")
         pool = None
         if use_workers:
@@ -113,6 +114,7 @@ class Translator:
                                      config.replace(workers=1, threads=each))
             pool = WorkerPool(load, config.workers)
         translator = cls(model, tokenizer, config, device, pool)
+        translator.configs = configs
         if chose:
             log.info(chose)  # once all is loaded and checked: an error stays the only line
         return translator
@@ -165,10 +167,14 @@ class Translator:
         return self.translate_ids(start, lines, self.encode(start, lines), options)
 
     def translate_ids(self, start: int, lines: list[str], ids: list[list[int]],
-                      options: Optional[SearchOptions] = None) -> list[Translation]:
+                      options: Optional[SearchOptions] = None, keys: Optional[list[int]] = None) -> list[Translation]:
         """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
-        validation passes the valid split's ids here, so it decodes exactly as translate does)."""
+        validation passes the valid split's ids here, so it decodes exactly as translate does).
+        keys: each line's identity for sampling's random numbers (default: its line number
+        start + k); the server passes each segment's own, so its samples never depend on what
+        shares its batch."""
         options = options or self.options
+        keys = keys if keys is not None else [start + k for k in range(len(lines))]
         ids = [seq[: self.max_src] for seq in ids]  # encode crops with a warning; stored ids silently
         results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
         alignments: list[Optional[list]] = [None] * len(lines)
@@ -177,7 +183,7 @@ class Translator:
         todo.sort(key=lambda k: lengths[k], reverse=True)
         batches = list(self.batches(todo, lengths))
         # the input line numbers seed each sentence's samples: the batching does not matter
-        jobs = [([ids[k] for k in batch], [start + k for k in batch], options) for batch in batches]
+        jobs = [([ids[k] for k in batch], [keys[k] for k in batch], options) for batch in batches]
         done = self.pool.search(jobs) if self.pool is not None else (self.search_batch(*job) for job in jobs)
         for batch, (hyps, aligned) in zip(batches, done):
             for i, k in enumerate(batch):

@@ -16,6 +16,7 @@ TRAINING = {"train", "update", "distributed", "validate", "finetune", "metrics",
 LAYERS = [
     {"__main__"},
     {"cli"},
+    {"serve"},
     {"train", "plot", "info", "export"},
     {"job"},
     {"validate", "finetune", "update", "binarize", "distributed", "ema", "schedule", "metrics", "savedir"},

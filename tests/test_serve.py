@@ -1,0 +1,247 @@
+"""`seqtool serve` as users run it: a real server process on a real port, real HTTP clients (httpx)."""
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+LINES = [" ".join("abcdefgh"[(i * j + i) % 8] for j in range(1 + i % 9)) for i in range(96)]
+# after its drain uvicorn re-raises SIGTERM, so the process ends as one stopped by it (what process managers expect)
+STOPPED = (0, -signal.SIGTERM)
+FP32 = ["--device", "cpu", "--precision", "fp32", "--threads", "2", "--max-len-b", "8"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, checkpoint, *options: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "seqtool", "serve", "-c", str(checkpoint), "--port", str(self.port),
+                                      *FP32, *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.proc.communicate()[1]
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("the server did not become ready in 120 s")
+
+    def stop(self) -> str:
+        """SIGTERM, as a process manager stops it; its stderr."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        _, err = self.proc.communicate(timeout=60)
+        return err
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint):
+    s = Server(tiny_checkpoint, "--max-lines", "100", "--max-chars", "2000", "--max-wait-ms", "20")
+    yield s
+    err = s.stop()
+    assert s.proc.returncode in STOPPED, err
+    assert "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_checkpoint):
+    """What `seqtool translate` gives for LINES (beam 5, n-best 2, scores), line by line."""
+    out = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), *FP32, "--nbest", "2"],
+                         input="\n".join(LINES) + "\n", capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("\t") for line in out.stdout.splitlines()]
+    return [[rows[2 * i][2], rows[2 * i + 1][2]] for i in range(len(LINES))]
+
+
+def test_sixty_four_concurrent_clients_each_get_their_own_translations_in_order(server, offline):
+    """Requests of 1-5 segments from 64 clients at once share the server's batches; every client
+    gets, in its order, exactly what offline `seqtool translate` gives for its lines."""
+    asks = [[(c * 7 + k) % len(LINES) for k in range(1 + c % 5)] for c in range(64)]
+
+    async def client(http, ids):
+        r = await http.post("/v1/translate", json={"segments": [LINES[i] for i in ids], "nbest": 2})
+        assert r.status_code == 200, r.text
+        return [[t["text"], t["alternatives"][0]["text"]] for t in r.json()["translations"]]
+
+    async def everyone():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=64)) as http:
+            return await asyncio.gather(*(client(http, ids) for ids in asks))
+
+    got = asyncio.run(everyone())
+    for ids, answer in zip(asks, got):
+        assert answer == [offline[i] for i in ids]
+    metrics = httpx.get(f"{server.url}/metrics").text
+    batched = [line for line in metrics.splitlines() if line.startswith("seqtool_batch_segments_count")]
+    assert batched and float(batched[0].split()[-1]) < 64  # fewer model calls than requests: they were batched
+
+
+def test_libretranslate_request_and_answer_shapes(server, offline):
+    r = httpx.post(f"{server.url}/translate", json={"q": LINES[3], "source": "auto", "target": "tgt"})
+    assert r.status_code == 200 and r.json() == {"translatedText": offline[3][0]}
+    r = httpx.post(f"{server.url}/translate", json={"q": [LINES[1], "", LINES[2]], "source": "src", "target": "tgt",
+                                                     "format": "text", "alternatives": 1})
+    assert r.status_code == 200
+    assert r.json() == {"translatedText": [offline[1][0], "", offline[2][0]],
+                        "alternatives": [[offline[1][1]], [], [offline[2][1]]]}
+    languages = httpx.get(f"{server.url}/languages").json()
+    assert languages[0]["code"] == "src" and languages[0]["targets"] == ["tgt"]
+
+
+def test_native_answers_keep_empty_segments_in_place_with_scores(server, offline):
+    r = httpx.post(f"{server.url}/v1/translate", json={"segments": [LINES[5], "   ", LINES[6]], "scores": True})
+    assert r.status_code == 200
+    t = r.json()["translations"]
+    assert [x["text"] for x in t] == [offline[5][0], "", offline[6][0]]
+    assert all(isinstance(x["score"], float) for x in t)
+
+
+def test_sampling_with_a_seed_repeats_whatever_shares_the_batch(server):
+    body = {"segments": LINES[:6], "nbest": 3, "sampling": {"topk": 5, "seed": 11}}
+    alone = httpx.post(f"{server.url}/v1/translate", json=body).json()
+
+    async def crowd():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            others = [http.post("/v1/translate", json={**body, "segments": LINES[10 + k: 14 + k]}) for k in range(8)]
+            mine = http.post("/v1/translate", json=body)
+            return (await asyncio.gather(mine, *others))[0].json()
+
+    assert asyncio.run(crowd()) == alone
+    assert httpx.post(f"{server.url}/v1/translate", json={**body, "sampling": {"topk": 5, "seed": 12}}).json() != alone
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ("{not json", 422, "body: not valid JSON"),
+    (json.dumps({"segments": "one string"}), 422, "segments: Input should be a valid list"),
+    (json.dumps({"segments": ["a"], "beam": 2, "nbest": 3}), 422, "nbest must be between 1 and beam (2)"),
+    (json.dumps({"segments": ["a"] * 101}), 413, "101 segments in one request; this server takes at most 100"),
+    (json.dumps({"segments": ["a b c d " * 300]}), 413, "characters in one request; this server takes at most 2000"),
+    (json.dumps({"segments": ["a"], "alignment": True}), 400, "started without --alignments"),
+])
+def test_bad_requests_get_their_status_and_one_line_naming_the_problem(server, body, status, words):
+    r = httpx.post(f"{server.url}/v1/translate", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    assert words in r.json()["error"] and "Traceback" not in r.text
+
+
+def test_wrong_languages_are_refused_naming_the_model_s(server):
+    r = httpx.post(f"{server.url}/translate", json={"q": "a", "source": "de", "target": "tgt"})
+    assert r.status_code == 400 and r.json()["error"] == "this model translates src -> tgt; got source 'de', target 'tgt'"
+
+
+def test_health_models_and_metrics(server):
+    assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
+    model = httpx.get(f"{server.url}/v1/models").json()["models"][0]
+    assert (model["source"], model["target"], model["precision"], model["vocabulary"]) == ("src", "tgt", "fp32", 24)
+    assert model["parameters"] > 0 and len(model["config_sha256"]) == 64
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)}
+    assert {"seqtool_requests", "seqtool_request_seconds", "seqtool_batch_segments", "seqtool_queue_segments",
+            "seqtool_target_tokens"} <= set(families)
+    assert "<title>seqtool</title>" in httpx.get(f"{server.url}/").text
+    assert httpx.get(f"{server.url}/openapi.json").json()["paths"].keys() >= {"/translate", "/v1/translate"}
+
+
+def test_a_full_queue_is_503_with_retry_after_and_a_slow_request_504(tiny_checkpoint):
+    """The runner holds the first request's segments for --max-wait-ms (3 s) hoping for company:
+    meanwhile the queue (limit 3) is full, and the request's own --request-timeout (1 s) passes."""
+    s = Server(tiny_checkpoint, "--max-wait-ms", "3000", "--queue-limit", "3", "--request-timeout", "1")
+    try:
+        async def scenario():
+            async with httpx.AsyncClient(base_url=s.url, timeout=30) as http:
+                first = asyncio.create_task(http.post("/v1/translate", json={"segments": LINES[:3]}))
+                await asyncio.sleep(0.3)
+                second = await http.post("/v1/translate", json={"segments": LINES[3:4]})
+                return await first, second
+
+        first, second = asyncio.run(scenario())
+        assert second.status_code == 503 and second.headers["Retry-After"] == "1"
+        assert "the queue is full" in second.json()["error"]
+        assert first.status_code == 504 and "not translated within 1 s" in first.json()["error"]
+        time.sleep(0.2)
+        assert httpx.get(f"{s.url}/health").json()["queue"] == 0  # the timed-out request's segments were dropped
+    finally:
+        s.stop()
+
+
+def test_a_client_that_goes_away_has_its_segments_dropped(tiny_checkpoint):
+    s = Server(tiny_checkpoint, "--max-wait-ms", "5000")
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{s.url}/v1/translate", json={"segments": LINES[:4]}, timeout=0.5)  # the client gives up
+        deadline = time.time() + 3  # well before the 5 s the runner would wait
+        while httpx.get(f"{s.url}/health").json()["queue"] and time.time() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(f"{s.url}/health").json()["queue"] == 0
+    finally:
+        s.stop()
+
+
+def test_sigterm_answers_what_is_in_flight_then_exits(tiny_checkpoint, offline):
+    s = Server(tiny_checkpoint, "--max-wait-ms", "1500")
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=s.url, timeout=30) as http:
+            pending = asyncio.create_task(http.post("/v1/translate", json={"segments": LINES[:2]}))
+            await asyncio.sleep(0.4)  # queued, waiting for company
+            s.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            try:
+                late = (await http.post("/v1/translate", json={"segments": LINES[2:3]}, timeout=5)).status_code
+            except httpx.TransportError:
+                late = "refused"
+            return await pending, late
+
+    answered, late = asyncio.run(scenario())
+    assert answered.status_code == 200
+    assert [t["text"] for t in answered.json()["translations"]] == [offline[0][0], offline[1][0]]
+    assert late in ("refused", 503)
+    err = s.stop()
+    assert s.proc.returncode in STOPPED and "Traceback" not in err
+
+
+def test_serve_without_its_extra_says_what_to_install(monkeypatch):
+    import builtins
+
+    from seqtool import serve
+    from seqtool.errors import ConfigError
+
+    real = builtins.__import__
+
+    def no_uvicorn(name, *args, **kwargs):
+        if name == "uvicorn":
+            raise ImportError("No module named 'uvicorn'", name="uvicorn")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    with pytest.raises(ConfigError, match=r"needs uvicorn: pip install 'seqtool\[serve\]'"):
+        serve.require_fastapi()
+
+
+def test_alignments_when_the_server_offers_them(tiny_checkpoint):
+    s = Server(tiny_checkpoint, "--alignments")
+    try:
+        r = httpx.post(f"{s.url}/v1/translate", json={"segments": [LINES[4], ""], "alignment": True, "nbest": 2})
+        assert r.status_code == 200, r.text
+        first, empty = r.json()["translations"]
+        for item in (first, *first["alternatives"]):
+            pairs = [tuple(map(int, p.split("-"))) for p in item["alignment"].split()]
+            assert len(pairs) == len(item["text"].split()) or item["text"] == ""
+            assert all(0 <= i < len(LINES[4].split()) + 1 for i, _ in pairs)
+        assert empty["text"] == "" and empty.get("alignment", "") == ""
+    finally:
+        s.stop()
