@@ -245,3 +245,39 @@ def test_alignments_when_the_server_offers_them(tiny_checkpoint):
         assert empty["text"] == "" and empty.get("alignment", "") == ""
     finally:
         s.stop()
+
+
+def test_the_page_translates_in_a_real_browser(server, offline):
+    """The page at / in headless Chromium (the system's, with its chromedriver; .ci/run installs
+    both): a user types two lines, asks for 2 alternatives, presses Translate."""
+    import shutil
+
+    browser, driver_path = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+    if not (browser and driver_path):
+        pytest.skip("needs Chromium and its driver: apt-get install chromium chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        driver.get(server.url + "/")
+        wait = WebDriverWait(driver, 30)
+        wait.until(lambda d: "src → tgt" in d.find_element(By.ID, "model").text)
+        driver.find_element(By.ID, "source").send_keys(f"{LINES[7]}\n{LINES[8]}")
+        nbest = driver.find_element(By.ID, "nbest")
+        nbest.clear()
+        nbest.send_keys("2")
+        driver.find_element(By.ID, "go").click()
+        wait.until(lambda d: d.find_element(By.ID, "output").text.strip())
+        assert driver.find_element(By.ID, "output").text.splitlines() == [offline[7][0], offline[8][0]]
+        alternatives = [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#alternatives li")]
+        assert alternatives == [offline[7][1], offline[8][1]]
+        assert driver.find_element(By.ID, "error").text == ""
+    finally:
+        driver.quit()
