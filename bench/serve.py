@@ -1,0 +1,201 @@
+#!/usr/bin/env python
+"""Served throughput and latency: `seqtool serve` under single-sentence requests at several
+concurrencies, beside offline `translate` on the same lines and the same server with batching
+off (--max-batch-tokens 1: one segment per model call), in one run on the same threads.
+
+    python bench/serve.py --checkpoint runs/demo/best.pt [--lines 600] [--concurrency 1 8 32 128]
+
+The load generator (async httpx, one client per concurrency slot, each sending the next test
+sentence as soon as its previous one is answered) runs in this process and shares the machine's
+cores with the server: on a 2-core machine that costs the server part of one core, which the
+offline figure does not pay. Offline is timed in-process around Translator.translate (model
+loading excluded, as the server's figures exclude its start). Target tokens are the best
+hypotheses' tokens with EOS: the server's own counter (/metrics) and the offline hypotheses.
+Every served translation is compared with the offline one (batch invariance). Prints one
+markdown table and appends it to bench/results.md. Run on an idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def log(msg: str) -> None:
+    print(f"[{datetime.datetime.now():%H:%M:%S}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def offline(a, lines: list[str]) -> dict:
+    import torch
+
+    from seqtool import Translator
+
+    t = Translator.load(a.checkpoint, beam=a.beam, device="cpu", precision=a.precision, threads=a.threads)
+    t.translate(lines[:16])  # warm-up
+    t0 = time.perf_counter()
+    out = list(t.translate_stream(lines))
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(x.hypotheses[0].tokens) + 1 for x in out if x.hypotheses)
+    log(f"offline: {len(lines) / seconds:.1f} sentences/s, {tokens / seconds:,.0f} target tokens/s "
+        f"(precision {t.config.precision}, {torch.get_num_threads()} threads)")
+    return {"texts": [x.texts[0] if x.texts else "" for x in out], "seconds": seconds, "tokens": tokens,
+            "precision": t.config.precision}
+
+
+class Server:
+    def __init__(self, a, *extra: str):
+        import httpx
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "seqtool", "serve", "-c", str(a.checkpoint), "--port", str(self.port),
+                                      "--device", "cpu", "--precision", a.precision, "--threads", str(a.threads),
+                                      "--beam", str(a.beam), "--queue-limit", "100000", *extra],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the server exited: {self.proc.communicate()[1][-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise SystemExit("the server did not become ready")
+
+    def target_tokens(self) -> float:
+        import httpx
+
+        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+            if line.startswith("seqtool_target_tokens_total "):
+                return float(line.split()[-1])
+        return 0.0
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.communicate(timeout=120)
+
+
+async def load(url: str, lines: list[str], concurrency: int) -> tuple[list[str], list[float], float]:
+    import httpx
+
+    texts: list[str] = [""] * len(lines)
+    latencies: list[float] = []
+    todo = iter(range(len(lines)))
+
+    async def client(http):
+        for i in todo:
+            t0 = time.perf_counter()
+            r = await http.post("/translate", json={"q": lines[i], "source": "auto"})
+            latencies.append(time.perf_counter() - t0)
+            r.raise_for_status()
+            texts[i] = r.json()["translatedText"]
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+        return texts, latencies, time.perf_counter() - t0
+
+
+async def warm_up(url: str) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        for _ in range(4):
+            (await http.post("/translate", json={"q": "Hola.", "source": "auto"})).raise_for_status()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--checkpoint", type=Path, required=True)
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "bible-es-en" / "test.es.gz")
+    parser.add_argument("--lines", type=int, default=600)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--max-wait-ms", type=float, default=10.0)
+    parser.add_argument("--no-results", action="store_true", help="do not append to bench/results.md")
+    a = parser.parse_args()
+    import torch
+
+    from seqtool.device import cpu_bf16_instructions, cpu_capability
+
+    lines = gzip.open(a.data, "rt", encoding="utf-8").read().splitlines()[: a.lines]
+    cpu = f"{cpu_capability()}" + (f" + {cpu_bf16_instructions()}" if cpu_bf16_instructions() else "")
+    log(f"{len(lines)} lines, {a.threads} threads, beam {a.beam}, torch {torch.__version__}, CPU {cpu}")
+    ref = offline(a, lines)
+    rows = [("offline translate", "-", len(lines) / ref["seconds"], ref["tokens"] / ref["seconds"], None, None, None, "-")]
+    runs = {}
+    for label, extra in (("served, batched", ["--max-wait-ms", str(a.max_wait_ms)]),
+                         ("served, unbatched", ["--max-batch-tokens", "1", "--max-wait-ms", "0"])):
+        server = Server(a, *extra)
+        try:
+            for c in a.concurrency:
+                asyncio.run(warm_up(server.url))
+                before = server.target_tokens()
+                texts, lat, seconds = asyncio.run(load(server.url, lines, c))
+                tokens = server.target_tokens() - before
+                same = sum(x == y for x, y in zip(texts, ref["texts"]))
+                row = (label, str(c), len(lines) / seconds, tokens / seconds, percentile(lat, 50), percentile(lat, 95),
+                       percentile(lat, 99), f"{same}/{len(lines)}")
+                rows.append(row)
+                runs[(label, c)] = row
+                log(f"{label}, concurrency {c}: {row[2]:.1f} sentences/s, {row[3]:,.0f} tokens/s, p50 {row[4] * 1000:.0f} ms, "
+                    f"p99 {row[6] * 1000:.0f} ms, {row[7]} as offline")
+        finally:
+            server.stop()
+
+    when = datetime.datetime.now()
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                           text=True).stdout.strip()
+    ms = lambda v: "-" if v is None else f"{v * 1000:.0f}"  # noqa: E731
+    out = [f"## serve, {when:%Y-%m-%d %H:%M}, commit {commit}{'+dirty' if dirty else ''}, CPU {cpu}, {a.threads} threads, "
+           f"{len(lines)} test lines, beam {a.beam}, precision {ref['precision']}, max-wait {a.max_wait_ms:g} ms, "
+           f"checkpoint {a.checkpoint}", "",
+           "| run | concurrency | sentences/s | target tokens/s | p50 ms | p95 ms | p99 ms | same as offline |",
+           "|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:,.0f} | {ms(r[4])} | {ms(r[5])} | {ms(r[6])} | {r[7]} |" for r in rows]
+    goals = []
+    if ("served, batched", 32) in runs and ("served, unbatched", 32) in runs:
+        b, u = runs[("served, batched", 32)], runs[("served, unbatched", 32)]
+        goals.append(f"concurrency 32: served / offline = {b[2] / rows[0][2]:.2f} (goal >= 0.80); batched / unbatched = "
+                     f"{b[2] / u[2]:.2f} (goal >= 4)")
+    out += [""] + goals + [""]
+    table = "\n".join(out)
+    print(table)
+    if not a.no_results:
+        with open(REPO / "bench" / "results.md", "a", encoding="utf-8") as handle:
+            handle.write("\n" + table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
