@@ -87,6 +87,7 @@ class Batcher:
         self.pending: deque[_Segment] = deque()
         self.cond = threading.Condition()
         self.stopping = False
+        self.free_since = 0.0  # when the runner finished its last batch (time.monotonic())
         self.thread = threading.Thread(target=self._run, name="seqtool-batcher", daemon=True)
         self.thread.start()
 
@@ -145,10 +146,15 @@ class Batcher:
         return batch
 
     def _ready(self) -> bool:
-        """Under the lock: whether the runner should decode now (budget reached, oldest waited enough, stopping)."""
+        """Under the lock: whether the runner should decode now: the token budget is reached, or
+        max-wait has passed since the later of the oldest segment's arrival and the end of the
+        last batch. Counting from the end of the last batch too lets the clients it just answered
+        send their next sentences into this one: closed-loop clients otherwise split into two
+        cohorts that alternate, each batch half as large as the load allows (measured: 16 segments
+        per batch at concurrency 32, bench/serve.py)."""
         if self.stopping:
             return True
-        waited = time.monotonic() - self.pending[0].queued
+        waited = time.monotonic() - max(self.pending[0].queued, self.free_since)
         return waited * 1000 >= self.config.max_wait_ms or \
             sum(len(s.ids) for s in self.pending) >= self.config.max_batch_tokens
 
@@ -160,13 +166,14 @@ class Batcher:
                 if not self.pending:
                     return
                 while not self._ready():
-                    left = self.config.max_wait_ms / 1000 - (time.monotonic() - self.pending[0].queued)
+                    left = self.config.max_wait_ms / 1000 - (time.monotonic() - max(self.pending[0].queued, self.free_since))
                     self.cond.wait(timeout=max(left, 0.0005))
                     if not self.pending:
                         break
                 batch = self._take() if self.pending else []
             if batch:
                 self._decode(batch)
+                self.free_since = time.monotonic()
 
     def _decode(self, batch: list[_Segment]) -> None:
         t0 = time.monotonic()
