@@ -38,8 +38,9 @@ def test_the_readme_example_runs_as_written(tiny_checkpoint, tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
-    assert len(printed) == 1 + 1 + 3 + 1 + 1 + 1  # str, list, 3 file lines, nbest, samples, one score
-    assert printed[1].startswith("[") and printed[5].startswith("[") and printed[6].startswith("[")
+    # str, list, 3 file lines, nbest, samples, then one call's own SearchOptions: greedy, 3-best, 2 samples; one score
+    assert len(printed) == 1 + 1 + 3 + 1 + 1 + 3 + 1
+    assert all(printed[k].startswith("[") for k in (1, 5, 6, 8, 9)) and not printed[7].startswith("[")
 
 
 @pytest.fixture(scope="module")
