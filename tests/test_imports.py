@@ -23,7 +23,7 @@ LAYERS = [
     {"translate", "data", "loss"},
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
     {"checkpoint", "precision", "tokenizer"},
-    {"model", "device", "allocator", "settings"},
+    {"model", "device", "allocator", "settings", "batcher"},
     {"kernels", "cache", "config", "textio", "runlock"},
     {"log", "errors", "interrupts", "procpool"},
 ]
