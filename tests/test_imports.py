@@ -25,6 +25,7 @@ LAYERS = [
     {"checkpoint", "precision", "tokenizer"},
     {"model", "device", "allocator", "settings", "batcher"},
     {"kernels", "cache", "config", "textio", "runlock"},
+    {"exits"},
     {"log", "errors", "interrupts", "procpool"},
 ]
 
