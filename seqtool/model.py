@@ -120,16 +120,21 @@ class MultiHeadAttention(nn.Module):
           batched products with the cache's additive padding bias, no mask built (_step_attention);
         - "explicit": softmax(QK^T/sqrt(K))V as plain matmuls, when the weights are wanted, for the
           rest of CPU decoding (2-3x faster there than SDPA's CPU kernel, built for long query
-          blocks), and for bf16 training on CPU (SDPA's CPU kernel, forward + backward, measured 2x
-          slower for sentence-length sequences: 15 vs 7 ms per call at B=128, T=32);
-        - "sdpa": F.scaled_dot_product_attention (flash / memory-efficient kernels on GPUs; in
-          float32 on CPU as fast as the matmuls or faster).
+          blocks), for bf16 training on CPU (SDPA's CPU kernel, forward + backward, measured 2x
+          slower for sentence-length sequences: 15 vs 7 ms per call at B=128, T=32), and for all
+          encoding on CPU: SDPA's kernel walks the keys in blocks, so a sentence's encoding changed
+          with the padded length of its batch (in bf16 the beam results differed for 2-8% of lines
+          between batch compositions, bench/serve.py; in fp32 the scores' last bits). These
+          matmuls give the same rows whatever the padding, at the same speed (800 lines, beam 5:
+          bf16 6.10-6.24 s against 6.07-6.20 s, fp32 7.95-7.99 s against 8.08-8.10 s);
+        - "sdpa": F.scaled_dot_product_attention (flash / memory-efficient kernels on GPUs; fp32
+          training on CPU, where it is as fast as the matmuls or faster).
         """
         cpu = x.device.type == "cpu"
         T = x.size(1)
         if cache is not None and cpu and not (need_weights or self.training) and (self.cross or T == 1):
             return "step"
-        if need_weights or (cpu and (cache is not None or (self.training and dtype == torch.bfloat16))):
+        if need_weights or (cpu and (cache is not None or not self.training or dtype == torch.bfloat16)):
             return "explicit"
         return "sdpa"
 
