@@ -97,25 +97,29 @@ class WatchedPool:
         dead = [pid for pid in self.pids if not alive(pid)]
         if not dead:
             return
+        culprit = self._culprit() or dead[0]  # before the others are killed below
         for pid in self.pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         writer = getattr(getattr(self.executor, "_result_queue", None), "_writer", None)
         if writer is not None:
             writer.close()
-        raise WorkerDied(dead[0])
+        raise WorkerDied(culprit)
 
     def _culprit(self) -> int | None:
-        """The worker that died on its own: the executor reports the death before its process is
-        reaped, so this looks for up to a second for an exit that was not the executor's SIGTERM."""
+        """The worker that died on its own. Other workers end too once one is gone (the executor
+        sends them SIGTERM; one may first exit 1 on its closed queue), so the first choice is a
+        worker killed by another signal (SIGKILL: the OOM killer, kill -9), then one that exited
+        with an error. A death can be reported before the process is reaped: up to a second."""
         deadline = time.monotonic() + 1.0
         while True:
-            for pid, process in self.processes.items():
-                code = process.exitcode
-                if code is not None and code != -signal.SIGTERM:
-                    return pid
+            codes = {pid: process.exitcode for pid, process in self.processes.items()}
+            killed = [pid for pid, code in codes.items() if code is not None and code < 0 and code != -signal.SIGTERM]
+            if killed:
+                return killed[0]
             if time.monotonic() > deadline:
-                return None
+                failed = [pid for pid, code in codes.items() if code not in (None, 0, -signal.SIGTERM)]
+                return failed[0] if failed else None
             time.sleep(0.01)
 
     def shutdown(self) -> None:
