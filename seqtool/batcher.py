@@ -24,7 +24,6 @@ from .errors import ResourceError
 @dataclass(eq=False)
 class _Request:
     """One HTTP request's segments in the queue; `done` resolves (on the event loop) when all are translated."""
-    n: int
     loop: asyncio.AbstractEventLoop
     done: asyncio.Future
     results: list = field(default_factory=list)
@@ -61,7 +60,7 @@ class Batcher:
     def submit(self, texts: Sequence[str], options: SearchOptions, loop: asyncio.AbstractEventLoop) -> _Request:
         """Queue one request's segments (empty ones are answered at once); ResourceError when the queue is full."""
         ids = self.translator.encode(0, list(texts)) if texts else []
-        request = _Request(len(texts), loop, loop.create_future(), [None] * len(texts), 0)
+        request = _Request(loop, loop.create_future(), [None] * len(texts), 0)
         segments = [_Segment(request, k, t, i, options, time.monotonic()) for k, (t, i) in enumerate(zip(texts, ids)) if i]
         for k, i in enumerate(ids):
             if not i:  # an empty or whitespace-only segment keeps its place: an empty translation

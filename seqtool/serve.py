@@ -24,6 +24,7 @@ accepting, answers what is in flight, then the runner stops.
 import asyncio
 import hashlib
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -202,8 +203,7 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
                 raise _Answer(400, f"this model translates {src} -> {tgt}; got source {body.source!r}, target {body.target!r}")
         texts = [body.q] if isinstance(body.q, str) else body.q
         base = t.options if t is not None else SearchOptions()
-        options = SearchOptions(beam=max(base.beam, body.alternatives + 1), lenpen=base.lenpen, nbest=body.alternatives + 1,
-                                max_len_a=base.max_len_a, max_len_b=base.max_len_b)
+        options = base.replace(beam=max(base.beam, body.alternatives + 1), nbest=body.alternatives + 1)
         results = await translate(request, texts, options)
         best = [r[1][0] if r[1] else "" for r in results]
         out: dict[str, Any] = {"translatedText": best[0] if isinstance(body.q, str) else best}
@@ -236,14 +236,13 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
         base = t.options if t is not None else SearchOptions()
         if body.alignment and not config.alignments:
             raise _Answer(400, "alignment: this server was started without --alignments")
+        asked = {k: v for k, v in (("lenpen", body.lenpen), ("max_len_a", body.max_len_a), ("max_len_b", body.max_len_b))
+                 if v is not None}  # the rest as the server's defaults
         try:
-            options = SearchOptions(
-                beam=body.beam or max(base.beam, body.nbest), lenpen=base.lenpen if body.lenpen is None else body.lenpen,
-                nbest=body.nbest, max_len_a=base.max_len_a if body.max_len_a is None else body.max_len_a,
-                max_len_b=base.max_len_b if body.max_len_b is None else body.max_len_b,
-                sampling=Sampling(**body.sampling.model_dump()) if body.sampling is not None else None)
-        except ConfigError as e:
-            raise _Answer(422, str(e).replace("--", "").replace("-", "_")) from None
+            options = base.replace(beam=body.beam or max(base.beam, body.nbest), nbest=body.nbest, **asked,
+                                   sampling=Sampling(**body.sampling.model_dump()) if body.sampling is not None else None)
+        except ConfigError as e:  # the message names options (--nbest); here they are fields (nbest)
+            raise _Answer(422, re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(e))) from None
         results = await translate(request, body.segments, options)
         from .alignment import format_alignment
 

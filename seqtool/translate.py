@@ -61,10 +61,11 @@ class Translator:
     keeps freed memory for reuse (allocator.keep_freed_memory).
     """
 
-    def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device, pool=None):
+    def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device, pool=None,
+                 configs: Optional[dict] = None):
         self.model, self.tokenizer, self.config, self.device = model, tokenizer, config, device
         self.pool = pool  # workers.WorkerPool that decodes the batches when config.workers > 1
-        self.configs: dict = {}  # the (first) checkpoint's training configs: model, optim, train (its languages)
+        self.configs: dict = configs or {}  # the (first) checkpoint's training configs: model, optim, train (its languages)
         self.max_src = model.config.max_positions - 1  # room for the EOS
         # attention weights come from one network: an ensemble's first member aligns
         self.aligner = model.models[0] if isinstance(model, ensemble.Ensemble) else model
@@ -113,8 +114,7 @@ class Translator:
             load = functools.partial(cls.load, paths if len(paths) > 1 else paths[0],
                                      config.replace(workers=1, threads=each))
             pool = WorkerPool(load, config.workers)
-        translator = cls(model, tokenizer, config, device, pool)
-        translator.configs = configs
+        translator = cls(model, tokenizer, config, device, pool, configs)
         if chose:
             log.info(chose)  # once all is loaded and checked: an error stays the only line
         return translator
