@@ -253,6 +253,7 @@ def serve(
     max_lines: Annotated[int, typer.Option("--max-lines", help="Segments per request (413 beyond).")] = 256,
     max_chars: Annotated[int, typer.Option("--max-chars", help="Characters per request (413 beyond).")] = 100_000,
     alignments: Annotated[bool, typer.Option("--alignments", help="Answer alignment requests of /v1/translate.")] = False,
+    workers: Annotated[int, typer.Option("--workers", help="Server processes on the port, one model each (threads split among them).")] = 1,
     beam: Annotated[int, typer.Option("--beam", "-b", help="Default beam size (a request may ask for another).")] = 5,
     lenpen: Annotated[float, typer.Option("--lenpen", help="Default length penalty.")] = 1.0,
     max_len_a: Annotated[float, typer.Option("--max-len-a", help="Default max output length = a * source length + b.")] = 0.0,
@@ -265,13 +266,16 @@ def serve(
 ):
     """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
     from .config import DecodeConfig, ServeConfig
-    from .serve import serve as run
 
     decode = DecodeConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
                           device=device, precision=precision, quantize=quantize, threads=threads)
     config = ServeConfig(host=host, port=port, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                          queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
-                         alignments=alignments)
+                         alignments=alignments, workers=workers)
+    if workers > 1:
+        from .servepool import run
+    else:
+        from .serve import serve as run
     run(checkpoint[0] if len(checkpoint) == 1 else checkpoint, decode, config)
 
 

@@ -331,6 +331,7 @@ class ServeConfig(_Config):
     max_lines: int = 256  # segments per request (413 beyond)
     max_chars: int = 100_000  # characters per request (413 beyond)
     alignments: bool = False  # answer alignment requests (a forced pass per batch when asked)
+    workers: int = 1  # server processes on the port, one model each (servepool.py)
 
     def __post_init__(self):
         _check(0 <= self.port < 65536, f"--port must be between 0 and 65535, got {self.port}")
@@ -339,6 +340,7 @@ class ServeConfig(_Config):
         _check(self.queue_limit >= 1, f"--queue-limit must be >= 1, got {self.queue_limit}")
         _check(self.request_timeout > 0, f"--request-timeout must be > 0, got {self.request_timeout}")
         _check(self.max_lines >= 1 and self.max_chars >= 1, "--max-lines and --max-chars must be >= 1")
+        _check(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
 
 
 def model_config_for(arch: str, **overrides: Any) -> ModelConfig:

@@ -10,15 +10,15 @@ arithmetic. Everywhere else (CUDA, autocast to bf16/fp16, a quantized or wrapped
 without oneDNN) `linear` is plain `layer(x)`.
 
 `linear_relu` is relu(linear(x, layer)) with the ReLU applied by the matrix product's own output
-stage when decoding on CPU (oneDNN's post-op in float32, fbgemm's linear_relu_dynamic for an int8
-layer): the same numbers without a separate pass over (and allocation of) the (rows, d_ff)
+stage when decoding on CPU (oneDNN's post-op in float32, in place after an Int8Linear's product):
+the same numbers without a separate pass over (and allocation of) the (rows, d_ff)
 activations (1.9% of int8 beam search's time in a profile of the test set).
 """
 
 from __future__ import annotations
 
 import os
-import sys
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -85,26 +85,52 @@ def _plain(x: Tensor, layer: nn.Module) -> bool:
     )
 
 
-def _dynamic_int8(layer: nn.Module) -> bool:
-    """A layer that torch's quantize_dynamic made (int8 weights, activations quantized per call),
-    as of the module version whose forward runs reduce_range=True. Looked up without importing
-    torch's quantization package: if it was never imported, no layer can be one."""
-    module = sys.modules.get("torch.ao.nn.quantized.dynamic.modules.linear")
-    return (
-        module is not None
-        and type(layer) is module.Linear
-        and layer._packed_params.dtype == torch.qint8
-        and layer.version == 4
-        and not (layer._forward_hooks or layer._forward_pre_hooks)
-    )
+class Int8Linear(nn.Module):
+    """A linear layer in int8 arithmetic for CPU decoding: int8 weights with one scale per output
+    channel, int8 activations with one scale per row, int32 products (torch._int_mm), then
+    float32: y = (q_x @ q_W^T) * s_row * s_col + b (CTranslate2's scheme).
+
+    Every row is quantized by its own maximum, and an integer product is exact, so a row's output
+    does not depend on the other rows of the call: a sentence translates the same whatever shares
+    its batch (torch's dynamic quantization scales the whole input by one maximum, so a long
+    neighbour changed a sentence's rounding). Weights stay (in, out), as _int_mm reads them."""
+
+    def __init__(self, weight: Tensor, bias: Optional[Tensor]):
+        super().__init__()
+        w = weight.detach().float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-30) / 127  # (out,)
+        self.register_buffer("weight_t", torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).t().contiguous())
+        self.register_buffer("weight_scale", scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.in_features, self.out_features = w.shape[1], w.shape[0]
+
+    @classmethod
+    def from_linear(cls, layer: nn.Linear) -> "Int8Linear":
+        return cls(layer.weight, layer.bias)
+
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, self.in_features).float()  # (M, in)
+        if x2.size(0) == 0:
+            return x2.new_zeros(*shape[:-1], self.out_features)
+        scale = x2.abs().amax(dim=1, keepdim=True).clamp_min_(1e-30).div_(127)  # (M, 1)
+        q = torch.div(x2, scale).round_().clamp_(-127, 127).to(torch.int8)
+        y = torch._int_mm(q, self.weight_t).float().mul_(scale).mul_(self.weight_scale)  # (M, out)
+        if self.bias is not None:
+            y.add_(self.bias)
+        if relu:
+            y.relu_()
+        return y.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel x per row"
 
 
 def linear_relu(x: Tensor, layer: nn.Module) -> Tensor:
     """relu(layer(x)); one fused kernel for an int8 layer, or a float32 one on CPU without autograd."""
     if not torch.is_grad_enabled() and x.device.type == "cpu":
-        if _dynamic_int8(layer):
-            # what the module's forward runs (reduce_range=True for its version), with the ReLU fused
-            return torch.ops.quantized.linear_relu_dynamic(x, layer._packed_params._packed_params, reduce_range=True)
+        if type(layer) is Int8Linear and not (layer._forward_hooks or layer._forward_pre_hooks):
+            return layer(x, relu=True)
         if ONEDNN and _plain(x, layer) and x.dtype == layer.weight.dtype == torch.float32:
             return _pointwise(x.contiguous(), layer.weight, layer.bias, "relu", [], "")
     return F.relu(linear(x, layer))

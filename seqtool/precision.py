@@ -6,20 +6,20 @@ Owns the choice of arithmetic at inference time (training's mixed precision live
   linear layer runs in 16 bits; on CUDA the attention and the key/value cache do too, while on CPU
   the decoding cache and its attention stay float32 (model.new_cache says why). search.py turns
   the logits back to float32 before the log-softmax, so scores and ranking stay float32.
-- ``--quantize int8`` (CPU only): dynamic quantization of every linear layer (weights int8 per
-  output channel, activations quantized per call), through torch's fbgemm/oneDNN kernels. The
-  output projection, tied to the embedding, gets its own int8 copy; the embedding stays float32.
+- ``--quantize int8`` (CPU only): every linear layer in int8 (weights per output channel,
+  activations per row, kernels.Int8Linear), so a sentence's result does not depend on the rows
+  beside it. The output projection, tied to the embedding, gets its own int8 copy; the embedding
+  stays float32.
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 from torch import nn
 
 from .errors import ConfigError
 from .device import cuda_has_bf16
+from .kernels import Int8Linear
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -46,18 +46,12 @@ def prepare(model: nn.Module, device: torch.device, precision: str = "fp32", qua
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """Every nn.Linear replaced by a dynamically quantized one (int8 weights, per output channel)."""
-    try:
-        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-    except ImportError:
-        raise ConfigError("--quantize int8: this torch build has no dynamic quantization; use --precision bf16") from None
-    engines = torch.backends.quantized.supported_engines
-    if not any(e in engines for e in ("x86", "fbgemm", "onednn")):
-        raise ConfigError(f"--quantize int8: no x86 int8 kernels in this torch build (engines: {', '.join(engines)})")
-    with warnings.catch_warnings():
-        # torch marks torch.ao.quantization deprecated in favour of the separate torchao package
-        # (not a seqtool dependency); its fbgemm/oneDNN kernels are torch's own int8 path on x86,
-        # and users should not see a warning about our choice on every run.
-        warnings.simplefilter("ignore")
-        # Tied weights: quantize_dynamic packs a copy of output.weight; the embedding is untouched.
-        return quantize_dynamic(model, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+    """Every nn.Linear replaced, in place, by a kernels.Int8Linear (int8 weights per output channel,
+    activations per row). The output projection, tied to the embedding, gets its own int8 copy."""
+    if not hasattr(torch, "_int_mm"):
+        raise ConfigError("--quantize int8: this torch build has no int8 matrix product (torch._int_mm); use --precision bf16")
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, Int8Linear.from_linear(child))
+    return model

@@ -9,8 +9,8 @@ A segment's translation does not depend on what shares its batch: Translator dec
 sentence on its own rows (beam search keeps sentences apart; CPU encoding takes attention paths
 that give the same rows whatever the padding, model.attention_path), and sampling draws from a
 hash of the seed and the segment's own place in its request (search.py), not from a stream.
-Tested against `translate` in fp32 and bf16; bench/serve.py counts the lines that still differ
-(bf16: 1-2 in 300 at concurrency 8-32; int8 keeps one activation scale per tensor: not yet).
+int8 layers scale activations per row (kernels.Int8Linear), so int8 holds the same promise. Tested
+against `translate` in fp32 and int8; bench/serve.py counts the lines that still differ.
 
 Endpoints: POST /translate (LibreTranslate's request and answer shapes), POST /v1/translate
 (segments with per-request search options, scores, n-best, alignments), GET /health (503 until the
@@ -24,6 +24,7 @@ accepting, answers what is in flight, then the runner stops.
 import asyncio
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -266,7 +267,7 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
         if state["batcher"] is None:
             status = "failed" if state["error"] else "loading"
             return JSONResponse({"status": status, **({"error": state["error"]} if state["error"] else {})}, status_code=503)
-        return {"status": "ok", "queue": state["batcher"].depth}
+        return {"status": "ok", "queue": state["batcher"].depth, "pid": os.getpid()}
 
     @app.get("/v1/models", summary="The model this server translates with")
     async def models():
@@ -327,12 +328,14 @@ def _parameters(translator) -> Optional[int]:
     return sum(p.numel() for p in model.parameters()) if isinstance(model, torch.nn.Module) else None
 
 
-def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig) -> None:
-    """The `seqtool serve` command: run the server until SIGTERM/Ctrl-C (then drain and stop)."""
+def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig,
+          sockets: Optional[list] = None) -> None:
+    """The `seqtool serve` command: run the server until SIGTERM/Ctrl-C (then drain and stop). sockets:
+    listening sockets to serve on instead of binding host:port (a worker of servepool.py)."""
     require_fastapi()
     import uvicorn
 
     app = create_app(checkpoints, decode, config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                            timeout_graceful_shutdown=int(config.request_timeout) + 5))
-    server.run()
+    server.run(sockets=sockets)

@@ -16,6 +16,7 @@ TRAINING = {"train", "update", "distributed", "validate", "finetune", "metrics",
 LAYERS = [
     {"__main__"},
     {"cli"},
+    {"servepool"},
     {"serve"},
     {"train", "plot", "info", "export"},
     {"job"},

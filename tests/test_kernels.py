@@ -62,9 +62,9 @@ def test_linear_relu_fuses_the_relu_into_the_matrix_product_and_gives_the_same_n
             fused = lin.linear_relu(x, layer)
             assert ops == ["relu"]
             assert torch.equal(fused, torch.relu(lin.linear(x, layer)))
-        # int8: fbgemm's linear_relu_dynamic, the same numbers as the quantized module + ReLU
+        # int8: the ReLU applied in place after the product, the same numbers as the layer + ReLU
         quantized = quantize_int8(torch.nn.Sequential(torch.nn.Linear(16, 32)))[0]
-        assert lin._dynamic_int8(quantized)
+        assert type(quantized) is lin.Int8Linear
         assert torch.equal(lin.linear_relu(x, quantized), torch.relu(quantized(x)))
         assert (lin.linear_relu(x, quantized) >= 0).all()
     # with autograd (training) it is relu(linear(x)) and gradients flow

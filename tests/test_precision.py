@@ -7,6 +7,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from seqtool.kernels import Int8Linear
 from seqtool import checkpoint, precision
 from seqtool.cli import app
 from seqtool.config import ConfigError, DecodeConfig
@@ -35,12 +36,36 @@ def test_int8_quantizes_every_linear_and_keeps_the_tied_embedding(tiny_checkpoin
     fp32 = checkpoint.load_model(ckpt, CPU)
     q = precision.prepare(checkpoint.load_model(ckpt, CPU), CPU, "fp32", "int8")
     assert not any(type(m) is torch.nn.Linear for m in q.modules())
-    assert "DynamicQuantizedLinear" in repr(q.output) and "DynamicQuantizedLinear" in repr(q.decoder[0].ffn.fc1)
+    assert type(q.output) is Int8Linear and type(q.decoder[0].ffn.fc1) is Int8Linear
+    assert q.output.weight_t.dtype == torch.int8 and q.output.weight_t.shape == fp32.output.weight.t().shape
     assert q.embed.weight.dtype == torch.float32 and torch.equal(q.embed.weight, fp32.embed.weight)
     ref, got = _lprobs(fp32, *batch), _lprobs(q, *batch)
     err = (got - ref).abs()
     assert err.mean() < 0.05 and err.max() < 0.3  # int8 weights and activations: close, not equal
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+def test_int8_linear_is_the_float_product_within_its_rounding_and_each_row_is_its_own():
+    """int8 weights per output channel, activations per row: every output is within the two
+    roundings' bound of the float product, and a row's output is bit-equal whatever rows share its
+    call (torch's per-tensor activation scale changed it with a large neighbour)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 48)
+    q = Int8Linear.from_linear(layer)
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        y, ref = q(x), layer(x)
+        w_step = layer.weight.abs().amax(1) / 127  # (out,) one weight rounding step
+        x_step = x.abs().amax(1, keepdim=True) / 127  # (rows, 1) one activation rounding step
+        bound = 0.5 * (x.abs().sum(1, keepdim=True) * w_step + x_step * layer.weight.abs().sum(1)) + 0.25 * x_step * w_step * 64
+        assert ((y - ref).abs() <= bound + 1e-5).all()
+        big = torch.cat([x[:2], 100 * torch.randn(30, 64), x[2:]])
+        together = q(big)
+        assert torch.equal(together[:2], y[:2]) and torch.equal(together[32:], y[2:])
+        assert torch.equal(q(x[3:4]), y[3:4])
+        assert torch.equal(q(x, relu=True), torch.relu(y))
+        assert torch.equal(q(x.view(1, 5, 64)), y.view(1, 5, 48))
+        assert q(x[:0]).shape == (0, 48)
 
 
 def test_bf16_casts_the_weights_once_and_scores_stay_float32(tiny_checkpoint, batch):
@@ -100,3 +125,29 @@ def test_cli_int8_translates_without_deprecation_noise(tiny_checkpoint):
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.count(b"\n") == 3
     assert b"deprecat" not in result.stderr.lower() and b"Warning" not in result.stderr
+
+
+@pytest.mark.parametrize("precision_name, quantize", [("fp32", "none"), ("bf16", "none"), ("fp32", "int8")])
+def test_a_sentence_translates_the_same_whatever_shares_its_batch(tiny_checkpoint, precision_name, quantize):
+    """What a server relies on: each line alone, in one batch with all the others, and among
+    long neighbours gives the same hypotheses, in every number format. Their scores may differ in
+    float32's last bits: a softmax or product over the padded source sums in an order that depends
+    on the padded length. int8 rounds each activation row by its own maximum (kernels.Int8Linear),
+    so no neighbour changes a row's scale, but such a last-bit difference can move one rounding
+    step: about 1e-3 in a score."""
+    lines = [" ".join("abcdefgh"[(i * j + i) % 8] for j in range(1 + i % 9)) for i in range(24)]
+    long = [" ".join("hgfedcba" * 6)] * 3
+    t = Translator.load(tiny_checkpoint, DecodeConfig(beam=4, nbest=2, max_len_b=8, device="cpu", precision=precision_name,
+                                                       quantize=quantize, threads=1))
+
+    def results(batch):
+        return [[(h.tokens, h.score) for h in r.hypotheses] for r in t.translate_chunk(0, batch)]
+
+    def same(got, want):
+        assert [[tokens for tokens, _ in r] for r in got] == [[tokens for tokens, _ in r] for r in want]
+        tolerance = dict(abs=1e-2) if quantize == "int8" else dict(rel=1e-5)
+        assert [score for r in got for _, score in r] == pytest.approx([score for r in want for _, score in r], **tolerance)
+
+    alone = [results([line])[0] for line in lines]
+    same(results(lines), alone)
+    same(results(long + lines[::2] + long)[3:-3], alone[::2])

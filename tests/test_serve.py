@@ -2,6 +2,8 @@
 
 import asyncio
 import json
+import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -212,6 +214,72 @@ def test_sigterm_answers_what_is_in_flight_then_exits(tiny_checkpoint, offline):
     assert late in ("refused", 503)
     err = s.stop()
     assert s.proc.returncode in STOPPED and "Traceback" not in err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _worker_pids(s: "Server", want: int) -> set:
+    """The worker processes that answer /health, each request on a fresh connection (the kernel picks
+    a worker per connection), until `want` of them have answered."""
+    seen: set = set()
+    deadline = time.time() + 120
+    while len(seen) < want and time.time() < deadline:
+        try:
+            r = httpx.get(f"{s.url}/health", timeout=5)
+            if r.status_code == 200:
+                seen.add(r.json()["pid"])
+        except httpx.TransportError:
+            pass
+    return seen
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_share_one_port_each_with_its_own_model_and_stop_together(tiny_checkpoint, offline):
+    """--workers 2: two server processes behind one port, the kernel spreading connections; every
+    client gets its own translations whichever worker answers; SIGTERM stops both."""
+    s = Server(tiny_checkpoint, "--workers", "2", "--threads", "1")
+    pids = _worker_pids(s, 2)
+    assert len(pids) == 2 and s.proc.pid not in pids
+    assert all(int(pathlib.Path(f"/proc/{p}/stat").read_text().split()[3]) == s.proc.pid for p in pids)
+    asks = [[(c * 5 + k) % len(LINES) for k in range(1 + c % 3)] for c in range(24)]
+
+    async def client(ids):
+        async with httpx.AsyncClient(base_url=s.url, timeout=120) as http:  # a connection of its own
+            r = await http.post("/v1/translate", json={"segments": [LINES[i] for i in ids], "nbest": 2})
+            assert r.status_code == 200, r.text
+            return [[t["text"], t["alternatives"][0]["text"]] for t in r.json()["translations"]]
+
+    async def everyone():
+        return await asyncio.gather(*(client(ids) for ids in asks))
+
+    for ids, answer in zip(asks, asyncio.run(everyone())):
+        assert answer == [offline[i] for i in ids]
+    err = s.stop()
+    assert s.proc.returncode in STOPPED and "Traceback" not in err, err
+    deadline = time.time() + 10
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_worker_that_dies_stops_the_others_and_the_server_exits_naming_it(tiny_checkpoint):
+    s = Server(tiny_checkpoint, "--workers", "2", "--threads", "1")
+    pids = sorted(_worker_pids(s, 2))
+    assert len(pids) == 2
+    os.kill(pids[0], signal.SIGKILL)
+    _, err = s.proc.communicate(timeout=60)
+    assert s.proc.returncode == 1
+    assert f"(pid {pids[0]}) was killed by SIGKILL; the other workers were stopped" in err.strip().splitlines()[-1]
+    deadline = time.time() + 10
+    while _alive(pids[1]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pids[1])
 
 
 def test_serve_without_its_extra_says_what_to_install(monkeypatch):
