@@ -14,7 +14,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from . import log
 from .config import SearchOptions, ServeConfig
@@ -39,6 +39,7 @@ class _Segment:
     ids: list[int]
     options: SearchOptions
     queued: float  # time.monotonic()
+    prefix: list[int] = field(default_factory=list)  # target prefix ids (empty: none)
 
 
 class Batcher:
@@ -57,11 +58,15 @@ class Batcher:
     def depth(self) -> int:
         return len(self.pending)
 
-    def submit(self, texts: Sequence[str], options: SearchOptions, loop: asyncio.AbstractEventLoop) -> _Request:
-        """Queue one request's segments (empty ones are answered at once); ResourceError when the queue is full."""
+    def submit(self, texts: Sequence[str], options: SearchOptions, loop: asyncio.AbstractEventLoop,
+               prefixes: Optional[Sequence[str]] = None) -> _Request:
+        """Queue one request's segments (empty ones are answered at once), with each one's target
+        prefix if given; ResourceError when the queue is full."""
         ids = self.translator.encode(0, list(texts)) if texts else []
+        prefix_ids = self.translator.encode_prefixes(0, list(prefixes)) if prefixes else [[] for _ in ids]
         request = _Request(loop, loop.create_future(), [None] * len(texts), 0)
-        segments = [_Segment(request, k, t, i, options, time.monotonic()) for k, (t, i) in enumerate(zip(texts, ids)) if i]
+        now = time.monotonic()
+        segments = [_Segment(request, k, t, i, options, now, p) for k, (t, i, p) in enumerate(zip(texts, ids, prefix_ids)) if i]
         for k, i in enumerate(ids):
             if not i:  # an empty or whitespace-only segment keeps its place: an empty translation
                 request.results[k] = ([], [], None)
@@ -141,7 +146,7 @@ class Batcher:
         t0 = time.monotonic()
         try:
             out = self.translator.translate_ids(0, [s.text for s in batch], [s.ids for s in batch], batch[0].options,
-                                                keys=[s.index for s in batch])
+                                                keys=[s.index for s in batch], prefix_ids=[s.prefix for s in batch])
             results: list[Any] = [(t.hypotheses, t.texts, t.alignments) for t in out]
         except Exception as error:  # every request of the batch gets the error; the server goes on
             log.error(f"decoding a batch of {len(batch)} segments failed: {type(error).__name__}: {error}")

@@ -216,6 +216,7 @@ def translate(
     seed: Annotated[int, typer.Option("--seed", help="--sampling: the same seed gives the same samples, whatever the batching.")] = 1,
     score_reference: Annotated[bool, typer.Option("--score-reference", help="Score the references of --target instead of translating: index<TAB>score<TAB>reference<TAB>sum<TAB>average.")] = False,
     target: Annotated[Optional[Path], typer.Option("--target", help="With --score-reference: one reference per input line.")] = None,
+    target_prefix: Annotated[Optional[Path], typer.Option("--target-prefix", help="One prefix per input line (an empty line: none): the translation starts with it and goes on from there.")] = None,
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
     from .config import DecodeConfig
@@ -226,7 +227,8 @@ def translate(
                           print_alignment=print_alignment, alignment_layer=alignment_layer, device=device,
                           precision=precision, quantize=quantize, threads=threads, workers=workers, errors=errors,
                           sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                          score_reference=score_reference, target=str(target) if target is not None else "")
+                          score_reference=score_reference, target=str(target) if target is not None else "",
+                          target_prefix=str(target_prefix) if target_prefix is not None else "")
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is None:
@@ -234,7 +236,8 @@ def translate(
         return
     from .textio import atomic_text_output, check_output_file
 
-    check_output_file(output, [("--input", input), ("--target", target)] + [("--checkpoint", c) for c in checkpoint])
+    check_output_file(output, [("--input", input), ("--target", target), ("--target-prefix", target_prefix)]
+                      + [("--checkpoint", c) for c in checkpoint])
     with atomic_text_output(output) as handle:
         translate_file(checkpoints, config, input, handle)
 

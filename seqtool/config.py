@@ -289,6 +289,7 @@ class DecodeConfig(_Config):
     seed: int = 1  # same seed, same samples (whatever the batching: see search.py)
     score_reference: bool = False  # score the lines of `target` instead of translating (reference_score.py)
     target: str = ""  # --target FILE: one reference per input line
+    target_prefix: str = ""  # --target-prefix FILE: one prefix per input line that its translation starts with ("" none)
 
     def __post_init__(self):
         self.search_options()  # validates the per-request part (beam, nbest, lengths, sampling)
@@ -297,6 +298,7 @@ class DecodeConfig(_Config):
         _check(self.score_reference == bool(self.target),
                "--score-reference needs --target FILE (one reference per input line)" if self.score_reference
                else "--target FILE gives the references of --score-reference; add --score-reference")
+        _check(not (self.target_prefix and self.score_reference), "--score-reference scores whole references; drop --target-prefix")
         if self.score_reference:
             _check(not self.sampling, "--score-reference scores the given references; drop --sampling")
             _check(self.nbest == 1 and not self.print_alignment,

@@ -113,15 +113,15 @@ def count_lines(path: Path) -> int:
     return count + (last != b"\n")
 
 
-def mismatch(source_name: str, sources: int, target_name: str, targets: int) -> InputError:
-    return InputError(f"{source_name} has {sources} lines but {target_name} has {targets}; "
-                      "--score-reference needs one reference per input line")
+def mismatch(source_name: str, sources: int, target_name: str, targets: int, option: str = "--score-reference") -> InputError:
+    what = "one prefix per input line (an empty line: none)" if option == "--target-prefix" else "one reference per input line"
+    return InputError(f"{source_name} has {sources} lines but {target_name} has {targets}; {option} needs {what}")
 
 
-def check_line_counts(source: Path, target: Path) -> None:
+def check_line_counts(source: Path, target: Path, option: str = "--score-reference") -> None:
     sources, targets = count_lines(source), count_lines(target)
     if sources != targets:
-        raise mismatch(str(source), sources, str(target), targets)
+        raise mismatch(str(source), sources, str(target), targets, option)
 
 
 def score_stream(translator, chunks: Iterable[list[str]], source_name: str, target: Path,

@@ -49,9 +49,23 @@ def _max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int, max_position
 
 def _step_lprobs(model, tokens: Tensor, cache, step: int, max_len: Tensor, min_len: int) -> Tensor:
     """Log-probabilities of the next token (rows, V) with bans and forced EOS applied."""
-    c = model.config
     logits = model.decode(tokens, None, None, cache)[:, -1]  # (rows, V)
-    lprobs = logits.float().log_softmax(dim=-1)
+    return _banned(model.config, logits.float().log_softmax(dim=-1), step, max_len, min_len)
+
+
+def _prefix_pass(model, tokens: Tensor, cache, max_len: Tensor, min_len: int) -> tuple[Tensor, Tensor]:
+    """BOS + a target prefix (rows, 1 + P) through the decoder in one call (the cache takes the P + 1
+    positions at once): each row's log-probability of the prefix (rows,), and the next token's
+    log-probabilities after it (rows, V), bans applied, as _step_lprobs gives at step P."""
+    P = tokens.size(1) - 1
+    lprobs = model.decode(tokens, None, None, cache).float().log_softmax(dim=-1)  # (rows, 1 + P, V)
+    prefix_lp = lprobs[:, :P].gather(2, tokens[:, 1:, None]).squeeze(2).sum(1)  # (rows,)
+    return prefix_lp, _banned(model.config, lprobs[:, P], P, max_len, min_len)
+
+
+def _banned(c, lprobs: Tensor, step: int, max_len: Tensor, min_len: int) -> Tensor:
+    """lprobs (rows, V) of the token at `step` with PAD and BOS banned, EOS banned before min_len
+    and the only choice at a row's max_len."""
     lprobs[:, c.pad_id] = NEG_INF
     lprobs[:, c.bos_id] = NEG_INF
     if step < min_len:
@@ -92,10 +106,11 @@ def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float, max_len_b: int, lenpen: float,
-                      min_len: int) -> list[list[Hypothesis]]:
+                      min_len: int, prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
     """`copies` rows per sentence, each extended by one token per step until its EOS, with
     choose(lprobs (rows, V), row_ids (rows,), step) -> tokens (rows,); row_ids are indices into the
-    B x copies layout (sentence b's rows are b*copies ... b*copies + copies - 1). Hypotheses of a
+    B x copies layout (sentence b's rows are b*copies ... b*copies + copies - 1). prefix (B, P): the
+    output's first P tokens, given (their log-probabilities count in the score). Hypotheses of a
     sentence best first."""
     c = model.config
     B, N = src.size(0), copies
@@ -103,15 +118,21 @@ def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float,
     memory, src_pad = model.encode(src)
     cache = model.new_cache(memory, src_pad, group=N)  # the sentence's N rows adjacent
     max_len = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions).repeat_interleave(N)  # (B*N,)
-    L = int(max_len.max()) + 1
+    P = 0 if prefix is None else prefix.size(1)
+    L = max(int(max_len.max()), P) + 1
     R = B * N
     alive = torch.arange(R, device=device)  # row of each active hypothesis
     last = torch.full((R, 1), c.bos_id, dtype=torch.long, device=device)
     out = torch.full((R, L), c.pad_id, dtype=torch.long, device=device)
     score = torch.zeros(R, device=device)
     lengths = torch.zeros(R, dtype=torch.long, device=device)
-    for step in range(L):
-        lprobs = _step_lprobs(model, last, cache, step, max_len[alive], min_len)
+    first = None
+    if P:
+        rows_prefix = prefix.repeat_interleave(N, dim=0)  # (R, P)
+        score, first = _prefix_pass(model, torch.cat([last, rows_prefix], dim=1), cache, max_len, min_len)
+        out[:, :P] = rows_prefix
+    for step in range(P, L):
+        lprobs = first if step == P and first is not None else _step_lprobs(model, last, cache, step, max_len[alive], min_len)
         token = choose(lprobs, alive, step)  # (rows,)
         score[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
@@ -140,9 +161,9 @@ def _arg_max(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
 
 @torch.no_grad()
 def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
-                  min_len: int = 1) -> list[list[Hypothesis]]:
-    """The most probable token at every step; one hypothesis per sentence."""
-    return _one_path_per_row(model, src, 1, _arg_max, max_len_a, max_len_b, lenpen, min_len)
+                  min_len: int = 1, prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+    """The most probable token at every step (after the prefix (B, P), if given); one hypothesis per sentence."""
+    return _one_path_per_row(model, src, 1, _arg_max, max_len_a, max_len_b, lenpen, min_len, prefix)
 
 
 _MASK32 = 0xFFFFFFFF
@@ -202,9 +223,11 @@ def draw(lprobs: Tensor, u: Tensor, topk: int = 0, topp: float = 1.0, temperatur
 
 @torch.no_grad()
 def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), max_len_a: float = 0.0,
-           max_len_b: int = 200, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None) -> list[list[Hypothesis]]:
-    """`nbest` samples per sentence, best score first. keys (B,): each sentence's identity for the
-    random numbers (default: its row); translate passes input line numbers."""
+           max_len_b: int = 200, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None,
+           prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+    """`nbest` samples per sentence, best score first, each continuing the prefix (B, P) if given.
+    keys (B,): each sentence's identity for the random numbers (default: its row); translate
+    passes input line numbers."""
     B = src.size(0)
     if keys is None:
         keys = torch.arange(B)
@@ -216,19 +239,22 @@ def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), 
         u = uniforms(sampling.seed, row_key[rows], row_copy[rows], step)  # (rows,)
         return draw(lprobs, u, sampling.topk, sampling.topp, sampling.temperature)
 
-    return _one_path_per_row(model, src, nbest, choose, max_len_a, max_len_b, lenpen, min_len)
+    return _one_path_per_row(model, src, nbest, choose, max_len_a, max_len_b, lenpen, min_len, prefix)
 
 
 @torch.no_grad()
 def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200,
-                lenpen: float = 1.0, nbest: int = 1, min_len: int = 1) -> list[list[Hypothesis]]:
-    """The `nbest` best hypotheses per sentence, best first."""
+                lenpen: float = 1.0, nbest: int = 1, min_len: int = 1, prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+    """The `nbest` best hypotheses per sentence, best first. prefix (B, P): every hypothesis starts
+    with these P tokens (decoded in one pass, their log-probabilities part of the score and the
+    length part of the normalisation); the search starts after them."""
     c = model.config
     B, K = src.size(0), beam
     device = src.device
     memory, src_pad = model.encode(src)
     max_len0 = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions)  # (B,)
-    L = int(max_len0.max()) + 1  # generated tokens incl. EOS
+    P = 0 if prefix is None else prefix.size(1)
+    L = max(int(max_len0.max()), P) + 1  # output tokens incl. the prefix and EOS
     # Every beam starts from the same BOS: step 0 decodes one row per sentence (rows = 1), whose
     # best candidates then become the K beams (rows = K, adjacent; cross-attention K/V kept once
     # per sentence).
@@ -237,13 +263,21 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     alive = torch.arange(B, device=device)  # original index of each active sentence
     tokens = torch.full((B, 1), c.bos_id, dtype=torch.long, device=device)  # (b*rows, 1+t)
     scores = torch.zeros(B, 1, device=device)  # (b, rows)
+    first = None
+    if P:  # the prefix in one decoder call; the search goes on from step P
+        tokens = torch.cat([tokens, prefix], dim=1)  # (B, 1 + P)
+        prefix_lp, first = _prefix_pass(model, tokens, cache, max_len0, min_len)
+        scores = prefix_lp[:, None]
     # Finished hypotheses per original sentence: normalised score and tokens (BOS ... EOS, padded).
     fin_scores = torch.full((B, K), NEG_INF, device=device)
     fin_tokens = torch.full((B, K, L + 1), c.pad_id, dtype=torch.long, device=device)
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
-    for step in range(L):
+    for step in range(P, L):
         b = alive.numel()
-        lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(rows), min_len)
+        if step == P and first is not None:
+            lprobs = first
+        else:
+            lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(rows), min_len)
         # Each row's best 2K tokens hold the sentence's best 2K candidates (no row gives more), so
         # the sentence ranks rows x 2K candidates, not rows x V.
         lprobs, row_token = top_k(lprobs, min(2 * K, lprobs.size(1)))  # (b*rows, W)
@@ -311,12 +345,16 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     return result
 
 
-def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: Optional[Tensor] = None,
+           prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
     """Sampling when options.sampling is given (nbest samples; beam unused; keys (B,) identify the
-    sentences for the random numbers), else greedy (beam 1) or beam search."""
+    sentences for the random numbers), else greedy (beam 1) or beam search. prefix (B, P), one
+    length for the batch: the output's given first tokens (P = 0 or None: none)."""
     o = options
+    if prefix is not None and prefix.size(1) == 0:
+        prefix = None
     if o.sampling is not None:
-        return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys)
+        return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys, prefix)
     if o.beam == 1:
-        return greedy_search(model, src, o.max_len_a, o.max_len_b, o.lenpen, o.min_len)
-    return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len)
+        return greedy_search(model, src, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, prefix)
+    return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix)

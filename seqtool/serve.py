@@ -150,19 +150,20 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
 
     app.add_middleware(count)
 
-    async def translate(request: Request, texts: list[str], options: SearchOptions) -> list:
+    async def translate(request: Request, texts: list[str], options: SearchOptions, prefixes: Optional[list[str]] = None) -> list:
         """Queue, wait (for the runner, the timeout or the client going away), answer: results per segment."""
         if state["batcher"] is None:
             raise _Answer(503, state["error"] or "the model is loading; retry in a moment", {"Retry-After": str(RETRY_AFTER_SECONDS)})
         if len(texts) > config.max_lines:
             raise _Answer(413, f"{len(texts)} segments in one request; this server takes at most {config.max_lines} (--max-lines)")
-        chars = sum(len(t) for t in texts)
+        chars = sum(len(t) for t in texts) + sum(len(p) for p in prefixes or [])
         if chars > config.max_chars:
             raise _Answer(413, f"{chars} characters in one request; this server takes at most {config.max_chars} (--max-chars)")
         texts = [t.replace("\r", " ").replace("\n", " ") for t in texts]  # a segment is one line
         batcher: Batcher = state["batcher"]
         try:
-            job = batcher.submit(texts, options, asyncio.get_running_loop())
+            job = batcher.submit(texts, options, asyncio.get_running_loop(),
+                                 [p.replace("\r", " ").replace("\n", " ") for p in prefixes] if prefixes else None)
         except ResourceError as e:
             raise _Answer(503, str(e), {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
         deadline = time.monotonic() + config.request_timeout
@@ -230,6 +231,7 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
         sampling: Optional[SamplingIn] = None
         scores: bool = False
         alignment: bool = False
+        target_prefix: Optional[list[str]] = Field(None, description="One per segment (\"\" for none): its translation starts with it")
 
     @app.post("/v1/translate", summary="Translate segments with per-request search options")
     async def native(body: TranslateIn, request: Request):
@@ -244,7 +246,9 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
                                    sampling=Sampling(**body.sampling.model_dump()) if body.sampling is not None else None)
         except ConfigError as e:  # the message names options (--nbest); here they are fields (nbest)
             raise _Answer(422, re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(e))) from None
-        results = await translate(request, body.segments, options)
+        if body.target_prefix is not None and len(body.target_prefix) != len(body.segments):
+            raise _Answer(422, f"target_prefix: {len(body.target_prefix)} prefixes for {len(body.segments)} segments; give one per segment")
+        results = await translate(request, body.segments, options, body.target_prefix)
         from .alignment import format_alignment
 
         translations = []

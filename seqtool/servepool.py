@@ -11,13 +11,12 @@ The parent binds the address first (resolving port 0 once, holding the port whil
 start), then starts each worker as `python -c ...` with its settings in the environment. It does
 not serve. SIGTERM or Ctrl-C reaches every worker, which drain as a single server does; when a
 worker ends on its own (killed, out of memory, its model unloadable) the parent stops the others
-and exits 1 naming it. Workers get SIGTERM from the kernel if the parent dies (PR_SET_PDEATHSIG):
+and exits 1 naming it. Workers are killed by the kernel if the parent dies (interrupts.die_with_parent):
 no worker outlives it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -31,9 +30,9 @@ from typing import Optional, Sequence, Union
 from . import log
 from .config import DecodeConfig, ServeConfig
 from .errors import ResourceError
+from .interrupts import die_with_parent
 
 ENV = "SEQTOOL_SERVE_WORKER"
-PR_SET_PDEATHSIG = 1
 
 
 def listener(host: str, port: int, listen: bool) -> socket.socket:
@@ -68,7 +67,7 @@ def run(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: 
     if decode.threads == 0 and decode.device in ("auto", "cpu"):
         decode = decode.replace(threads=default_threads(config.workers))
     paths = [str(p) for p in ([checkpoints] if isinstance(checkpoints, (str, Path)) else checkpoints)]
-    setup = json.dumps({"checkpoints": paths, "decode": decode.to_dict(),
+    setup = json.dumps({"parent": os.getpid(), "checkpoints": paths, "decode": decode.to_dict(),
                         "serve": config.replace(port=port, workers=1).to_dict()})
     stopping = {"signal": None}
 
@@ -85,7 +84,7 @@ def run(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: 
             procs.append(subprocess.Popen([sys.executable, "-c", "from seqtool.servepool import worker; worker()"],
                                           env={**os.environ, ENV: setup}, stdin=subprocess.DEVNULL))
         log.info(f"{config.workers} workers (pids {', '.join(str(p.pid) for p in procs)}) on http://{config.host}:{port}, "
-                 f"{decode.threads or "all"} thread{"" if decode.threads == 1 else "s"} each")
+                 f"{decode.threads or 'all'} thread{'' if decode.threads == 1 else 's'} each")
         failed = _supervise(procs, stopping)
     finally:
         for p in procs:
@@ -132,13 +131,7 @@ def _how_it_ended(code: int) -> str:
 def worker() -> None:
     """A worker's entry point: its settings from the environment, the shared port, one server."""
     setup = json.loads(os.environ.pop(ENV))
-    if sys.platform.startswith("linux"):
-        try:  # end with the parent, whatever ends it
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() == 1:
-            sys.exit(1)  # the parent died before prctl
+    die_with_parent(setup["parent"])  # whatever ends the parent ends the workers
     from .exits import handles_user_errors
     from .serve import serve
 

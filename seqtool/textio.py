@@ -90,6 +90,27 @@ def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
     decode.finish()
 
 
+class LockstepLines:
+    """The lines of a file that go with the input's, line for line (translate's --target-prefix):
+    taken a chunk at a time, without their line ends; unequal counts are an InputError naming both
+    files, the option and what it needs."""
+
+    def __init__(self, path: Path, source_name: str, option: str, needs: str, errors: str = "strict"):
+        self.path, self.source_name, self.option, self.needs = path, source_name, option, needs
+        self.lines = read_lines(path, errors)
+
+    def take(self, start: int, n: int) -> list[str]:
+        got = [line for _, line in zip(range(n), self.lines)]
+        if len(got) < n:
+            raise InputError(f"{self.path} ends after line {start + len(got)}, but {self.source_name} goes on; "
+                             f"{self.option} needs {self.needs}")
+        return [line[:-1].removesuffix("\r") if line.endswith("\n") else line for line in got]
+
+    def finish(self, count: int) -> None:
+        if next(self.lines, None) is not None:
+            raise InputError(f"{self.path} has more lines than the {count} of {self.source_name}; {self.option} needs {self.needs}")
+
+
 def open_stdin() -> BinaryIO:
     """Standard input as bytes; a closed stdin (`<&-`) is a clear error, a terminal gets a hint."""
     if sys.stdin is None or sys.stdin.closed:

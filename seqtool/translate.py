@@ -32,7 +32,7 @@ from .errors import ConfigError, InputError
 from .config import DecodeConfig, SearchOptions
 from .model import padded
 from .search import Hypothesis, search
-from .textio import LineDecoder, open_binary, open_stdin
+from .textio import LineDecoder, LockstepLines, open_binary, open_stdin
 from .tokenizer import Tokenizer
 from .device import announce, auto_precision, pick_device, resolve_precision, sdpa_without_cudnn
 
@@ -161,18 +161,31 @@ class Translator:
         c = self.model.config
         return padded([[*r, c.eos_id] for r in rows], c.pad_id, self.device)  # (B, S)
 
-    def translate_chunk(self, start: int, lines: list[str], options: Optional[SearchOptions] = None) -> list[Translation]:
+    def translate_chunk(self, start: int, lines: list[str], options: Optional[SearchOptions] = None,
+                        prefixes: Optional[list[str]] = None) -> list[Translation]:
         """Translate lines numbered start, start+1, ...; results in the same order. options: this
-        request's search (default: the config's)."""
-        return self.translate_ids(start, lines, self.encode(start, lines), options)
+        request's search (default: the config's). prefixes: each line's target prefix ("" none):
+        its translation starts with it."""
+        prefix_ids = self.encode_prefixes(start, prefixes) if prefixes is not None else None
+        return self.translate_ids(start, lines, self.encode(start, lines), options, prefix_ids=prefix_ids)
+
+    def encode_prefixes(self, start: int, prefixes: list[str]) -> list[list[int]]:
+        """Token ids of target prefixes, tokenized as a sentence's start is, cropped to the model's positions."""
+        ids = self.tokenizer.encode_batch(prefixes)
+        for k, seq in enumerate(ids):
+            if len(seq) > self.max_src:
+                log.warn(f"target prefix of line {start + k + 1}: {len(seq)} tokens, cropped to the model's {self.max_src}")
+                ids[k] = seq[: self.max_src]
+        return ids
 
     def translate_ids(self, start: int, lines: list[str], ids: list[list[int]],
-                      options: Optional[SearchOptions] = None, keys: Optional[list[int]] = None) -> list[Translation]:
+                      options: Optional[SearchOptions] = None, keys: Optional[list[int]] = None,
+                      prefix_ids: Optional[list[list[int]]] = None) -> list[Translation]:
         """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
         validation passes the valid split's ids here, so it decodes exactly as translate does).
         keys: each line's identity for sampling's random numbers (default: its line number
         start + k); the server passes each segment's own, so its samples never depend on what
-        shares its batch."""
+        shares its batch. prefix_ids: each line's target prefix as token ids (empty: none)."""
         options = options or self.options
         keys = keys if keys is not None else [start + k for k in range(len(lines))]
         ids = [seq[: self.max_src] for seq in ids]  # encode crops with a warning; stored ids silently
@@ -183,7 +196,8 @@ class Translator:
         todo.sort(key=lambda k: lengths[k], reverse=True)
         batches = list(self.batches(todo, lengths))
         # the input line numbers seed each sentence's samples: the batching does not matter
-        jobs = [([ids[k] for k in batch], [keys[k] for k in batch], options) for batch in batches]
+        jobs = [([ids[k] for k in batch], [keys[k] for k in batch], options,
+                 None if prefix_ids is None else [prefix_ids[k] for k in batch]) for batch in batches]
         done = self.pool.search(jobs) if self.pool is not None else (self.search_batch(*job) for job in jobs)
         for batch, (hyps, aligned) in zip(batches, done):
             for i, k in enumerate(batch):
@@ -195,27 +209,42 @@ class Translator:
         return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
                 for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
 
-    def search_batch(self, rows: list[list[int]], keys: list[int],
-                     options: Optional[SearchOptions] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
+    def search_batch(self, rows: list[list[int]], keys: list[int], options: Optional[SearchOptions] = None,
+                     prefixes: Optional[list[list[int]]] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
         """One batch: token ids (without EOS) of each sentence and its key (input line number) ->
-        hypotheses per sentence, and with print_alignment their alignments. Worker processes run this."""
+        hypotheses per sentence, and with print_alignment their alignments. prefixes: each sentence's
+        target prefix ids (empty: none); sentences with prefixes of one length are searched together,
+        the prefix decoded in one pass. Worker processes run this."""
         c, options = self.config, options or self.options
         src = self.source_tensor(rows)  # (b, S)
+        by_length: dict[int, list[int]] = {}
+        for i in range(len(rows)):
+            by_length.setdefault(len(prefixes[i]) if prefixes else 0, []).append(i)
+        hyps: list = [None] * len(rows)
         with torch.inference_mode():  # the model is already in its decoding precision (precision.py)
-            hyps = search(self.model, src, options, keys=torch.tensor(keys) if options.sampling else None)
+            for n, group in by_length.items():
+                part = src if len(group) == len(rows) else self.source_tensor([rows[i] for i in group])
+                prefix = torch.tensor([prefixes[i] for i in group], device=self.device) if n else None
+                found = search(self.model, part, options, keys=torch.tensor([keys[i] for i in group]) if options.sampling else None,
+                               prefix=prefix)
+                for i, h in zip(group, found):
+                    hyps[i] = h
             # one forced pass over the final hypotheses; search is untouched
             aligned = list(align_hypotheses(self.aligner, src, hyps, c.alignment_layer)) if c.print_alignment else None
         return hyps, aligned
 
-    def translate(self, lines: Union[str, Iterable[str]], options: Optional[SearchOptions] = None):
+    def translate(self, lines: Union[str, Iterable[str]], options: Optional[SearchOptions] = None,
+                  target_prefix: Union[None, str, Iterable[str]] = None):
         """For programs that embed seqtool: one string -> its translation; a list or tuple -> a list;
         any other iterable (a file, a generator) -> a lazy iterator that reads `chunk_lines` lines
         ahead. With nbest > 1 each translation is a list of nbest strings, best first. options:
-        this call's search (default: the config's)."""
+        this call's search (default: the config's). target_prefix: what the translation starts
+        with (a string for one line, else one per line, "" for none)."""
         options = options or self.options
         if isinstance(lines, str):
-            return self._texts(next(iter(self.translate_stream([lines], options))), options.nbest)
-        results = (self._texts(t, options.nbest) for t in self.translate_stream(lines, options))
+            prefixes = None if target_prefix is None else [target_prefix]
+            return self._texts(next(iter(self.translate_stream([lines], options, prefixes))), options.nbest)
+        results = (self._texts(t, options.nbest) for t in self.translate_stream(lines, options, target_prefix))
         return list(results) if isinstance(lines, (list, tuple)) else results
 
     @staticmethod
@@ -231,19 +260,38 @@ class Translator:
 
         return score_lines(self, sources, references)
 
-    def translate_stream(self, lines: Iterable[str], options: Optional[SearchOptions] = None) -> Iterator[Translation]:
+    def translate_stream(self, lines: Iterable[str], options: Optional[SearchOptions] = None,
+                         prefixes: Optional[Iterable[str]] = None) -> Iterator[Translation]:
+        """Translations of `lines`, a chunk at a time; prefixes: one target prefix per line."""
+        if isinstance(prefixes, str):
+            raise ConfigError("target_prefix: one string per line for several lines (a list), not one string")
+        prefix_iter = None if prefixes is None else iter(prefixes)
+
+        def run(start: int, chunk: list[str]) -> list[Translation]:
+            if prefix_iter is None:
+                return self.translate_chunk(start, chunk, options)
+            given = [_strip_line(p) for _, p in zip(range(len(chunk)), prefix_iter)]
+            if len(given) < len(chunk):
+                raise InputError(f"target_prefix: {start + len(given)} prefixes for more lines; give one per line ('' for none)")
+            return self.translate_chunk(start, chunk, options, given)
+
         chunk: list[str] = []
         start = 0
         for line in lines:
-            if line.endswith("\n"):
-                line = line[:-1].removesuffix("\r")
-            chunk.append(line)
+            chunk.append(_strip_line(line))
             if len(chunk) >= self.config.chunk_lines:
-                yield from self.translate_chunk(start, chunk, options)
+                yield from run(start, chunk)
                 start += len(chunk)
                 chunk = []
         if chunk:
-            yield from self.translate_chunk(start, chunk, options)
+            yield from run(start, chunk)
+            start += len(chunk)
+        if prefix_iter is not None and next(prefix_iter, None) is not None:
+            raise InputError(f"target_prefix: more prefixes than the {start} lines; give one per line")
+
+
+def _strip_line(line: str) -> str:
+    return line[:-1].removesuffix("\r") if line.endswith("\n") else line
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:
@@ -352,12 +400,13 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
         stream, name = open_binary(input_path), str(input_path)
     else:
         stream, name = open_stdin(), "<stdin>"
-    if config.score_reference:
+    if config.score_reference or config.target_prefix:
         from .reference_score import check_line_counts
 
-        open_binary(Path(config.target)).close()
+        second = Path(config.target or config.target_prefix)
+        open_binary(second).close()
         if input_path is not None:
-            check_line_counts(input_path, Path(config.target))
+            check_line_counts(input_path, second, "--target-prefix" if config.target_prefix else "--score-reference")
     if output is None:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
     with Translator.load(checkpoint_path, config) as translator:  # (stops --workers processes at the end)
@@ -368,9 +417,13 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
 
             return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
         count = 0
+        prefixes = LockstepLines(Path(config.target_prefix), name, "--target-prefix", "one line per input line (an empty line: no prefix)", config.errors) if config.target_prefix else None
         for chunk in reader.chunks(config.chunk_lines):
-            for t in translator.translate_chunk(count, chunk):
+            for t in translator.translate_chunk(count, chunk, prefixes=prefixes.take(count, len(chunk)) if prefixes else None):
                 output.write(format_translation(t, config))
             output.flush()
             count += len(chunk)
+        if prefixes:
+            prefixes.finish(count)
         return count
+

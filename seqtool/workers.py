@@ -45,8 +45,7 @@ def _start(load: Callable[[], object], parent: int) -> None:
 
 
 def _search(job):
-    rows, keys, options = job
-    return _translator.search_batch(rows, keys, options)
+    return _translator.search_batch(*job)
 
 
 class WorkerPool:
@@ -62,7 +61,7 @@ class WorkerPool:
             raise ConfigError(f"--workers {n}: a decoding process failed to start (see its error above)") from None
 
     def search(self, jobs: Iterable[tuple]) -> Iterator:
-        """search_batch(rows, keys, options) of every job, in order, decoded by the workers in parallel."""
+        """search_batch(rows, keys, options, prefixes) of every job, in order, decoded by the workers in parallel."""
         try:
             yield from self.pool.map(_search, jobs)
         except WorkerDied as died:

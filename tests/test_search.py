@@ -202,3 +202,82 @@ def test_block_top_k_equals_torch_topk(V, k):
     assert torch.equal(values, ref_values)  # the same k best values, best first
     assert torch.equal(x.gather(1, index), values)  # and the columns that hold them
     assert all(len(set(row)) == k for row in index.tolist())
+
+
+# ---- target prefixes ------------------------------------------------------------------------------
+class ForcedPrefix:
+    """The reference for prefix decoding: the model, with every token but prefix[b][t] banned at
+    output position t < P (so the search is forced through the prefix token by token, then free)."""
+
+    def __init__(self, model, prefix):
+        self.model, self.prefix, self.config = model, prefix, model.config
+        self.rows = None
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def new_cache(self, memory, src_pad, group=1):
+        self.cache = self.model.new_cache(memory, src_pad, group)
+        self.rows = torch.arange(memory.size(0)).repeat_interleave(group)  # row -> sentence
+        real = self.cache.reorder
+
+        def reorder(index, cross=True, group=None):
+            self.rows = self.rows[index]
+            real(index, cross=cross, group=group)
+
+        self.cache.reorder = reorder
+        return self.cache
+
+    def decode(self, tokens, memory, src_pad, cache):
+        t = cache.steps  # the output position of the token predicted next
+        logits = self.model.decode(tokens, memory, src_pad, cache).float()
+        if t < self.prefix.size(1):
+            keep = self.prefix[self.rows, t]  # (rows,)
+            banned = torch.full_like(logits, float("-inf"))
+            banned[:, -1].scatter_(1, keep[:, None], logits[:, -1].gather(1, keep[:, None]))
+            logits = banned
+        return logits
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_prefix_decoded_in_one_pass_equals_forcing_it_token_by_token(real_model, beam):
+    """lenpen 0: the prefix adds the same log-probability to every hypothesis, so the forced search
+    (where it adds 0) ranks the continuations the same and must find the same outputs."""
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 50, (5, 7), generator=g)
+    src[:, -1] = real_model.config.eos_id
+    prefix = torch.randint(4, 50, (5, 3), generator=g)
+    opts = SearchOptions(beam=beam, nbest=beam, max_len_b=9, lenpen=0.0)
+    with torch.no_grad():
+        got = search(real_model, src, opts, prefix=prefix)
+        want = search(ForcedPrefix(real_model, prefix), src, opts)
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+    assert all(h.tokens[:3] == prefix[b].tolist() for b, hyps in enumerate(got) for h in hyps)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_a_prefixed_hypothesis_scores_what_reference_scoring_gives_its_tokens(real_model, beam):
+    """The score counts the prefix's log-probabilities and its length: it equals --score-reference
+    of the whole output (prefix, continuation, EOS), normalised the same way."""
+    from seqtool.reference_score import reference_logprobs
+
+    g = torch.Generator().manual_seed(2)
+    src = torch.randint(4, 50, (4, 6), generator=g)
+    src[:, -1] = real_model.config.eos_id
+    prefix = torch.randint(4, 50, (4, 2), generator=g)
+    with torch.no_grad():
+        hyps = [h[0] for h in search(real_model, src, SearchOptions(beam=beam, max_len_b=7, lenpen=1.0), prefix=prefix)]
+        ref = reference_logprobs(real_model, src, [h.tokens for h in hyps])
+        prefix_only = reference_logprobs(real_model, src, [p.tolist() for p in prefix])
+    for h, lp in zip(hyps, ref):
+        assert h.score == pytest.approx(lp / (len(h.tokens) + 1), abs=1e-4)
+    assert all(math.isfinite(x) for x in prefix_only)
+
+
+def test_a_prefix_as_long_as_the_limit_ends_right_after_it(real_model):
+    src = torch.tensor([[5, 6, 7, real_model.config.eos_id]])
+    prefix = torch.tensor([[8, 9, 10, 11]])
+    with torch.no_grad():
+        for beam in (1, 3):
+            hyps = search(real_model, src, SearchOptions(beam=beam, max_len_b=3), prefix=prefix)[0]
+            assert [h.tokens for h in hyps] == [[8, 9, 10, 11]]

@@ -216,6 +216,19 @@ def test_sigterm_answers_what_is_in_flight_then_exits(tiny_checkpoint, offline):
     assert s.proc.returncode in STOPPED and "Traceback" not in err
 
 
+def test_target_prefixes_per_segment_as_translate_gives_them(server, tiny_checkpoint):
+    from seqtool.config import DecodeConfig
+    from seqtool.translate import Translator
+
+    segments, prefixes = LINES[:4], ["h g", "", "a a", "b"]
+    r = httpx.post(f"{server.url}/v1/translate", json={"segments": segments, "target_prefix": prefixes}, timeout=60)
+    assert r.status_code == 200, r.text
+    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", precision="fp32", threads=2, max_len_b=8))
+    assert [x["text"] for x in r.json()["translations"]] == t.translate(segments, target_prefix=prefixes)
+    r = httpx.post(f"{server.url}/v1/translate", json={"segments": segments, "target_prefix": ["x"]}, timeout=60)
+    assert r.status_code == 422 and "target_prefix: 1 prefixes for 4 segments" in r.json()["error"]
+
+
 def _alive(pid: int) -> bool:
     try:
         return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
