@@ -33,7 +33,7 @@ from torch import Tensor
 from . import log
 from .errors import InputError
 from .model import padded
-from .textio import open_binary, read_lines
+from .textio import open_binary, read_lines, strip_line_end
 
 BLOCK_BYTES = 1 << 20
 
@@ -152,8 +152,8 @@ def score_lines(translator, sources: Iterable[str], references: Iterable[str]) -
     src_iter, ref_iter = iter(sources), iter(references)
     start = 0
     while True:
-        src_chunk = [_strip(line) for line in islice(src_iter, size)]
-        ref_chunk = [_strip(line) for line in islice(ref_iter, len(src_chunk))]
+        src_chunk = [strip_line_end(line) for line in islice(src_iter, size)]
+        ref_chunk = [strip_line_end(line) for line in islice(ref_iter, len(src_chunk))]
         if len(ref_chunk) < len(src_chunk):
             rest = sum(1 for _ in src_iter)
             raise _unequal(start + len(src_chunk) + rest, start + len(ref_chunk))
@@ -169,6 +169,3 @@ def score_lines(translator, sources: Iterable[str], references: Iterable[str]) -
 def _unequal(sources: int, references: int) -> InputError:
     return InputError(f"{sources} sources but {references} references; give one reference per source")
 
-
-def _strip(line: str) -> str:
-    return line[:-1].removesuffix("\r") if line.endswith("\n") else line

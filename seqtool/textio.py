@@ -90,6 +90,11 @@ def read_lines(path: Path, errors: str = "strict") -> Iterator[str]:
     decode.finish()
 
 
+def strip_line_end(line: str) -> str:
+    """A line without its \n or \r\n (a line from an iterator of strings may have either, or none)."""
+    return line[:-1].removesuffix("\r") if line.endswith("\n") else line
+
+
 class LockstepLines:
     """The lines of a file that go with the input's, line for line (translate's --target-prefix):
     taken a chunk at a time, without their line ends; unequal counts are an InputError naming both
@@ -104,7 +109,7 @@ class LockstepLines:
         if len(got) < n:
             raise InputError(f"{self.path} ends after line {start + len(got)}, but {self.source_name} goes on; "
                              f"{self.option} needs {self.needs}")
-        return [line[:-1].removesuffix("\r") if line.endswith("\n") else line for line in got]
+        return [strip_line_end(line) for line in got]
 
     def finish(self, count: int) -> None:
         if next(self.lines, None) is not None:

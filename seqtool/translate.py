@@ -32,7 +32,7 @@ from .errors import ConfigError, InputError
 from .config import DecodeConfig, SearchOptions
 from .model import padded
 from .search import Hypothesis, search
-from .textio import LineDecoder, LockstepLines, open_binary, open_stdin
+from .textio import LineDecoder, LockstepLines, open_binary, open_stdin, strip_line_end
 from .tokenizer import Tokenizer
 from .device import announce, auto_precision, pick_device, resolve_precision, sdpa_without_cudnn
 
@@ -270,7 +270,7 @@ class Translator:
         def run(start: int, chunk: list[str]) -> list[Translation]:
             if prefix_iter is None:
                 return self.translate_chunk(start, chunk, options)
-            given = [_strip_line(p) for _, p in zip(range(len(chunk)), prefix_iter)]
+            given = [strip_line_end(p) for _, p in zip(range(len(chunk)), prefix_iter)]
             if len(given) < len(chunk):
                 raise InputError(f"target_prefix: {start + len(given)} prefixes for more lines; give one per line ('' for none)")
             return self.translate_chunk(start, chunk, options, given)
@@ -278,7 +278,7 @@ class Translator:
         chunk: list[str] = []
         start = 0
         for line in lines:
-            chunk.append(_strip_line(line))
+            chunk.append(strip_line_end(line))
             if len(chunk) >= self.config.chunk_lines:
                 yield from run(start, chunk)
                 start += len(chunk)
@@ -289,9 +289,6 @@ class Translator:
         if prefix_iter is not None and next(prefix_iter, None) is not None:
             raise InputError(f"target_prefix: more prefixes than the {start} lines; give one per line")
 
-
-def _strip_line(line: str) -> str:
-    return line[:-1].removesuffix("\r") if line.endswith("\n") else line
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:
