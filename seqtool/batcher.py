@@ -63,7 +63,7 @@ class Batcher:
         """Queue one request's segments (empty ones are answered at once), with each one's target
         prefix if given; ResourceError when the queue is full."""
         ids = self.translator.encode(0, list(texts)) if texts else []
-        prefix_ids = self.translator.encode_prefixes(0, list(prefixes)) if prefixes else [[] for _ in ids]
+        prefix_ids = self.translator.encode(0, list(prefixes), "target prefix of segment") if prefixes else [[] for _ in ids]
         request = _Request(loop, loop.create_future(), [None] * len(texts), 0)
         now = time.monotonic()
         segments = [_Segment(request, k, t, i, options, now, p) for k, (t, i, p) in enumerate(zip(texts, ids, prefix_ids)) if i]

@@ -131,12 +131,13 @@ class Translator:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def encode(self, start: int, lines: list[str]) -> list[list[int]]:
-        """Token ids of each line (one tokenizer call per chunk), cropped to the model's positions."""
+    def encode(self, start: int, lines: list[str], what: str = "input line") -> list[list[int]]:
+        """Token ids of each line (one tokenizer call per chunk), cropped to the model's positions
+        with a warning naming `what` and the line number."""
         ids = self.tokenizer.encode_batch(lines)
         for k, seq in enumerate(ids):
             if len(seq) > self.max_src:
-                log.warn(f"input line {start + k + 1}: {len(seq)} tokens, cropped to the model's {self.max_src}")
+                log.warn(f"{what} {start + k + 1}: {len(seq)} tokens, cropped to the model's {self.max_src}")
                 ids[k] = seq[: self.max_src]
         return ids
 
@@ -166,17 +167,9 @@ class Translator:
         """Translate lines numbered start, start+1, ...; results in the same order. options: this
         request's search (default: the config's). prefixes: each line's target prefix ("" none):
         its translation starts with it."""
-        prefix_ids = self.encode_prefixes(start, prefixes) if prefixes is not None else None
+        prefix_ids = self.encode(start, prefixes, "target prefix of line") if prefixes is not None else None
         return self.translate_ids(start, lines, self.encode(start, lines), options, prefix_ids=prefix_ids)
 
-    def encode_prefixes(self, start: int, prefixes: list[str]) -> list[list[int]]:
-        """Token ids of target prefixes, tokenized as a sentence's start is, cropped to the model's positions."""
-        ids = self.tokenizer.encode_batch(prefixes)
-        for k, seq in enumerate(ids):
-            if len(seq) > self.max_src:
-                log.warn(f"target prefix of line {start + k + 1}: {len(seq)} tokens, cropped to the model's {self.max_src}")
-                ids[k] = seq[: self.max_src]
-        return ids
 
     def translate_ids(self, start: int, lines: list[str], ids: list[list[int]],
                       options: Optional[SearchOptions] = None, keys: Optional[list[int]] = None,
