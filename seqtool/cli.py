@@ -217,6 +217,9 @@ def translate(
     score_reference: Annotated[bool, typer.Option("--score-reference", help="Score the references of --target instead of translating: index<TAB>score<TAB>reference<TAB>sum<TAB>average.")] = False,
     target: Annotated[Optional[Path], typer.Option("--target", help="With --score-reference: one reference per input line.")] = None,
     target_prefix: Annotated[Optional[Path], typer.Option("--target-prefix", help="One prefix per input line (an empty line: none): the translation starts with it and goes on from there.")] = None,
+    constraints: Annotated[Optional[Path], typer.Option("--constraints", help='One JSON list per input line of phrases its translation must contain; a list inside is "one of these forms" (an empty line: none).')] = None,
+    glossary: Annotated[Optional[Path], typer.Option("--glossary", help="TSV: source term<TAB>target term[<TAB>other forms]; a source term found in a line (whole words) makes its target a constraint.")] = None,
+    glossary_ignore_case: Annotated[bool, typer.Option("--glossary-ignore-case", help="Find --glossary source terms whatever their case.")] = False,
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
     from .config import DecodeConfig
@@ -228,7 +231,9 @@ def translate(
                           precision=precision, quantize=quantize, threads=threads, workers=workers, errors=errors,
                           sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
                           score_reference=score_reference, target=str(target) if target is not None else "",
-                          target_prefix=str(target_prefix) if target_prefix is not None else "")
+                          target_prefix=str(target_prefix) if target_prefix is not None else "",
+                          constraints=str(constraints) if constraints is not None else "",
+                          glossary=str(glossary) if glossary is not None else "", glossary_ignore_case=glossary_ignore_case)
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is None:
@@ -236,7 +241,8 @@ def translate(
         return
     from .textio import atomic_text_output, check_output_file
 
-    check_output_file(output, [("--input", input), ("--target", target), ("--target-prefix", target_prefix)]
+    check_output_file(output, [("--input", input), ("--target", target), ("--target-prefix", target_prefix),
+                               ("--constraints", constraints), ("--glossary", glossary)]
                       + [("--checkpoint", c) for c in checkpoint])
     with atomic_text_output(output) as handle:
         translate_file(checkpoints, config, input, handle)

@@ -290,6 +290,9 @@ class DecodeConfig(_Config):
     score_reference: bool = False  # score the lines of `target` instead of translating (reference_score.py)
     target: str = ""  # --target FILE: one reference per input line
     target_prefix: str = ""  # --target-prefix FILE: one prefix per input line that its translation starts with ("" none)
+    constraints: str = ""  # --constraints FILE: one JSON list of phrases per input line that its translation must contain (terms.py)
+    glossary: str = ""  # --glossary FILE.tsv: source term TAB target term(s); a term found in a line constrains its translation
+    glossary_ignore_case: bool = False
 
     def __post_init__(self):
         self.search_options()  # validates the per-request part (beam, nbest, lengths, sampling)
@@ -298,7 +301,9 @@ class DecodeConfig(_Config):
         _check(self.score_reference == bool(self.target),
                "--score-reference needs --target FILE (one reference per input line)" if self.score_reference
                else "--target FILE gives the references of --score-reference; add --score-reference")
-        _check(not (self.target_prefix and self.score_reference), "--score-reference scores whole references; drop --target-prefix")
+        _check(not ((self.target_prefix or self.constraints or self.glossary) and self.score_reference),
+               "--score-reference scores whole references; drop --target-prefix, --constraints and --glossary")
+        _check(not ((self.constraints or self.glossary) and self.sampling), "--constraints and --glossary are kept by beam search; drop --sampling")
         if self.score_reference:
             _check(not self.sampling, "--score-reference scores the given references; drop --sampling")
             _check(self.nbest == 1 and not self.print_alignment,

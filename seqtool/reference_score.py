@@ -114,7 +114,8 @@ def count_lines(path: Path) -> int:
 
 
 def mismatch(source_name: str, sources: int, target_name: str, targets: int, option: str = "--score-reference") -> InputError:
-    what = "one prefix per input line (an empty line: none)" if option == "--target-prefix" else "one reference per input line"
+    what = {"--target-prefix": "one prefix per input line (an empty line: none)",
+            "--constraints": "one JSON list per input line (an empty line: none)"}.get(option, "one reference per input line")
     return InputError(f"{source_name} has {sources} lines but {target_name} has {targets}; {option} needs {what}")
 
 

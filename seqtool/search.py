@@ -23,16 +23,19 @@ A sample's score is the model's own log-probability (temperature 1, no truncatio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from .config import Sampling, SearchOptions
+from .constraints import ConstraintState, stripes
+from .errors import ConfigError
 
 __all__ = ["Hypothesis", "Sampling", "SearchOptions", "beam_search", "greedy_search", "sample", "search"]
 
 NEG_INF = float("-inf")
+UNMET = 1e6  # subtracted from the rank (not the score) of a finished output that lacks a constraint
 
 
 @dataclass
@@ -244,10 +247,12 @@ def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), 
 
 @torch.no_grad()
 def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200,
-                lenpen: float = 1.0, nbest: int = 1, min_len: int = 1, prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+                lenpen: float = 1.0, nbest: int = 1, min_len: int = 1, prefix: Optional[Tensor] = None,
+                constraints: Optional[ConstraintState] = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses per sentence, best first. prefix (B, P): every hypothesis starts
     with these P tokens (decoded in one pass, their log-probabilities part of the score and the
-    length part of the normalisation); the search starts after them."""
+    length part of the normalisation); the search starts after them. constraints: phrases every
+    hypothesis must contain (constraints.py: dynamic beam allocation; EOS waits for them)."""
     c = model.config
     B, K = src.size(0), beam
     device = src.device
@@ -268,8 +273,12 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         tokens = torch.cat([tokens, prefix], dim=1)  # (B, 1 + P)
         prefix_lp, first = _prefix_pass(model, tokens, cache, max_len0, min_len)
         scores = prefix_lp[:, None]
+        if constraints is not None:  # the prefix may already place constraint tokens
+            for j in range(P):
+                constraints.advance(prefix[:, j])
     # Finished hypotheses per original sentence: normalised score and tokens (BOS ... EOS, padded).
     fin_scores = torch.full((B, K), NEG_INF, device=device)
+    fin_rank = torch.full((B, K), NEG_INF, device=device)  # what ranks them: the score, less UNMET if a constraint is missing
     fin_tokens = torch.full((B, K, L + 1), c.pad_id, dtype=torch.long, device=device)
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
     for step in range(P, L):
@@ -278,15 +287,30 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
             lprobs = first
         else:
             lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(rows), min_len)
+        if constraints is not None:  # no EOS before every constraint is met (unless at the limit)
+            waiting = ~constraints.all_met() & (max_len0[alive].repeat_interleave(rows) > step)
+            lprobs[:, c.eos_id] = torch.where(waiting, torch.full_like(lprobs[:, c.eos_id], NEG_INF), lprobs[:, c.eos_id])
+        full = lprobs
         # Each row's best 2K tokens hold the sentence's best 2K candidates (no row gives more), so
         # the sentence ranks rows x 2K candidates, not rows x V.
         lprobs, row_token = top_k(lprobs, min(2 * K, lprobs.size(1)))  # (b*rows, W)
+        if constraints is not None:  # ... and each row may also take the next token of each unmet constraint
+            lprobs, row_token = _with_wanted(full, lprobs, row_token, constraints.wanted())
         W = lprobs.size(1)
         cand = scores[:, :, None] + lprobs.view(b, rows, W)  # (b, rows, W)
         n_cand = min(2 * K, rows * W)
-        top_scores, top_index = cand.view(b, -1).topk(n_cand, dim=1)  # (b, 2K) best first
+        if constraints is None:
+            top_scores, top_index = cand.view(b, -1).topk(n_cand, dim=1)  # (b, 2K) best first
+            priority = top_scores
+        else:  # dynamic beam allocation: the best 2K in stripes over the levels of progress
+            banks = constraints.progress(row_token).view(b, rows * W)
+            key = stripes(cand.view(b, -1), banks, constraints.total[alive])
+            order, top_index = key.topk(n_cand, dim=1, largest=False)  # (b, 2K) first first
+            top_scores = cand.view(b, -1).gather(1, top_index)
+            priority = torch.where(torch.isfinite(top_scores), -order.double(), torch.full_like(top_scores, NEG_INF, dtype=torch.double))
         if n_cand < K:  # a vocabulary smaller than the beam: the missing candidates are impossible ones
             top_scores = torch.cat([top_scores, top_scores.new_full((b, K - n_cand), NEG_INF)], dim=1)
+            priority = torch.cat([priority, priority.new_full((b, K - n_cand), NEG_INF)], dim=1)
             top_index = torch.cat([top_index, top_index.new_zeros(b, K - n_cand)], dim=1)
             n_cand = K
         parent = top_index // W  # (b, 2K) row within the sentence
@@ -302,16 +326,22 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
             seqs = torch.full((b, n_cand, L + 1), c.pad_id, dtype=torch.long, device=device)
             seqs[:, :, : step + 1] = tokens[src_rows].view(b, n_cand, step + 1)
             seqs[:, :, step + 1] = c.eos_id
+            rank = norm
+            if constraints is not None:  # at the length limit an output may lack a constraint: it ranks below all that have them
+                missing = banks.gather(1, top_index) < constraints.total[alive][:, None]
+                rank = torch.where(missing, norm - UNMET, norm)
             merged_scores = torch.cat([fin_scores[alive], norm], dim=1)  # (b, K + 2K)
             merged_tokens = torch.cat([fin_tokens[alive], seqs], dim=1)
-            best, pick = merged_scores.topk(K, dim=1)
-            fin_scores[alive] = best
+            best, pick = torch.cat([fin_rank[alive], rank], dim=1).topk(K, dim=1)
+            fin_rank[alive] = best
+            fin_scores[alive] = merged_scores.gather(1, pick)
             fin_tokens[alive] = merged_tokens.gather(1, pick[:, :, None].expand(-1, -1, L + 1))
             fin_count[alive] += finishing.sum(1)
 
-        # 2. The best K candidates that are not EOS continue.
-        cont = torch.where(token.eq(c.eos_id), torch.full_like(top_scores, NEG_INF), top_scores)
-        scores, pick = cont.topk(K, dim=1)  # (b, K)
+        # 2. The best K candidates that are not EOS continue (constrained: the first K in stripe order).
+        eos = token.eq(c.eos_id)
+        _, pick = torch.where(eos, torch.full_like(priority, NEG_INF), priority).topk(K, dim=1)  # (b, K)
+        scores = torch.where(eos, torch.full_like(top_scores, NEG_INF), top_scores).gather(1, pick)
         parent_rows = (torch.arange(b, device=device)[:, None] * rows + parent.gather(1, pick)).view(-1)  # (b*K,)
         next_token = token.gather(1, pick).view(-1, 1)
 
@@ -329,6 +359,9 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         else:  # cross K/V are equal across a sentence's beams: only the first step regroups them
             cache.reorder(parent_rows, cross=rows != K, group=K)
         tokens = torch.cat([tokens[parent_rows], next_token], dim=1)
+        if constraints is not None:
+            constraints.select(parent_rows)
+            constraints.advance(next_token.view(-1))
         rows = K
 
     out_scores = fin_scores[:, :nbest].tolist()
@@ -345,14 +378,33 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     return result
 
 
+def _with_wanted(full: Tensor, lprobs: Tensor, row_token: Tensor, wanted: Tensor) -> tuple[Tensor, Tensor]:
+    """Each row's candidates (rows, W) extended by the tokens its constraints want next (rows, A; -1
+    none), with their log-probabilities from `full` (rows, V); one already among the row's
+    candidates, or wanted twice, is an impossible (-inf) extra."""
+    A = wanted.size(1)
+    repeat = (wanted[:, :, None] == wanted[:, None, :]).tril(-1).any(2)  # (rows, A) an earlier one wants it too
+    dup = (wanted[:, :, None] == row_token[:, None, :]).any(2) | repeat | (wanted < 0)
+    ids = wanted.clamp(min=0)
+    extra = torch.where(dup, torch.full((full.size(0), A), NEG_INF, device=full.device), full.gather(1, ids))
+    return torch.cat([lprobs, extra], dim=1), torch.cat([row_token, ids], dim=1)
+
+
 def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: Optional[Tensor] = None,
-           prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+           prefix: Optional[Tensor] = None, constraints: Optional[Sequence] = None) -> list[list[Hypothesis]]:
     """Sampling when options.sampling is given (nbest samples; beam unused; keys (B,) identify the
     sentences for the random numbers), else greedy (beam 1) or beam search. prefix (B, P), one
-    length for the batch: the output's given first tokens (P = 0 or None: none)."""
+    length for the batch: the output's given first tokens (P = 0 or None: none). constraints: per
+    sentence, groups of alternative token sequences that the output must contain (constraints.py);
+    beam search runs them, also at beam 1."""
     o = options
     if prefix is not None and prefix.size(1) == 0:
         prefix = None
+    if constraints is not None and any(any(any(alt for alt in g) for g in groups) for groups in constraints):
+        if o.sampling is not None:
+            raise ConfigError("constraints are kept by beam search; drop sampling")
+        state = ConstraintState(constraints, src.device)
+        return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix, state)
     if o.sampling is not None:
         return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys, prefix)
     if o.beam == 1:

@@ -31,6 +31,7 @@ from .alignment import align_hypotheses, format_alignment, resolve_layer
 from .errors import ConfigError, InputError
 from .config import DecodeConfig, SearchOptions
 from .model import padded
+from .constraints import satisfied
 from .search import Hypothesis, search
 from .textio import LineDecoder, LockstepLines, open_binary, open_stdin, strip_line_end
 from .tokenizer import Tokenizer
@@ -163,22 +164,49 @@ class Translator:
         return padded([[*r, c.eos_id] for r in rows], c.pad_id, self.device)  # (B, S)
 
     def translate_chunk(self, start: int, lines: list[str], options: Optional[SearchOptions] = None,
-                        prefixes: Optional[list[str]] = None) -> list[Translation]:
+                        prefixes: Optional[list[str]] = None, constraints: Optional[list[list]] = None) -> list[Translation]:
         """Translate lines numbered start, start+1, ...; results in the same order. options: this
         request's search (default: the config's). prefixes: each line's target prefix ("" none):
-        its translation starts with it."""
+        its translation starts with it. constraints: each line's phrases (terms.py items: a phrase
+        or a list of alternative phrases) that its translation must contain."""
         prefix_ids = self.encode(start, prefixes, "target prefix of line") if prefixes is not None else None
-        return self.translate_ids(start, lines, self.encode(start, lines), options, prefix_ids=prefix_ids)
+        groups = [self.constraint_ids(items) for items in constraints] if constraints is not None else None
+        return self.translate_ids(start, lines, self.encode(start, lines), options, prefix_ids=prefix_ids, constraint_ids=groups)
+
+    def constraint_ids(self, items: list) -> list[list[list[int]]]:
+        """A line's constraint items as groups of alternative token sequences. Each phrase gives the
+        pieces the tokenizer writes for it as a word of its own (at a sentence's start or after a
+        space: the same with sentencepiece's dummy prefix) and, where they differ, for it attached to
+        what precedes it (after a quote or bracket: "(heavens" splits as ( he av ens), so the phrase
+        is found however it is split in context."""
+        phrases = [form for item in items for form in ([item] if isinstance(item, str) else item)]
+        if not phrases:
+            return []
+        alone = self.tokenizer.encode_batch(phrases)
+        lead = self.tokenizer.encode_batch([ATTACH])[0]
+        attached = [ids[len(lead):] if ids[: len(lead)] == lead else [] for ids in self.tokenizer.encode_batch([ATTACH + p for p in phrases])]
+        forms = iter(zip(alone, attached))
+        groups = []
+        for item in items:
+            alternatives: list[list[int]] = []
+            for _ in [item] if isinstance(item, str) else item:
+                for ids in next(forms):
+                    if ids and ids not in alternatives:
+                        alternatives.append(ids)
+            groups.append(alternatives)
+        return groups
 
 
     def translate_ids(self, start: int, lines: list[str], ids: list[list[int]],
                       options: Optional[SearchOptions] = None, keys: Optional[list[int]] = None,
-                      prefix_ids: Optional[list[list[int]]] = None) -> list[Translation]:
+                      prefix_ids: Optional[list[list[int]]] = None, constraint_ids: Optional[list] = None) -> list[Translation]:
         """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
         validation passes the valid split's ids here, so it decodes exactly as translate does).
         keys: each line's identity for sampling's random numbers (default: its line number
         start + k); the server passes each segment's own, so its samples never depend on what
-        shares its batch. prefix_ids: each line's target prefix as token ids (empty: none)."""
+        shares its batch. prefix_ids: each line's target prefix as token ids (empty: none).
+        constraint_ids: each line's constraints as constraint_ids gives them (empty: none); a line
+        whose best translation lacks one (it did not fit in the length limit) gets a warning."""
         options = options or self.options
         keys = keys if keys is not None else [start + k for k in range(len(lines))]
         ids = [seq[: self.max_src] for seq in ids]  # encode crops with a warning; stored ids silently
@@ -190,7 +218,8 @@ class Translator:
         batches = list(self.batches(todo, lengths))
         # the input line numbers seed each sentence's samples: the batching does not matter
         jobs = [([ids[k] for k in batch], [keys[k] for k in batch], options,
-                 None if prefix_ids is None else [prefix_ids[k] for k in batch]) for batch in batches]
+                 None if prefix_ids is None else [prefix_ids[k] for k in batch],
+                 None if constraint_ids is None else [constraint_ids[k] for k in batch]) for batch in batches]
         done = self.pool.search(jobs) if self.pool is not None else (self.search_batch(*job) for job in jobs)
         for batch, (hyps, aligned) in zip(batches, done):
             for i, k in enumerate(batch):
@@ -198,16 +227,21 @@ class Translator:
                 if aligned is not None:
                     alignments[k] = aligned[i]
         hyps_of = [results[k] or [] for k in range(len(lines))]
+        for k, hyps in enumerate(hyps_of):
+            if constraint_ids is not None and constraint_ids[k] and hyps and not satisfied(hyps[0].tokens, constraint_ids[k]):
+                log.warn(f"line {start + k + 1}: the translation lacks a constraint (it does not fit in the output length limit)")
         texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in hyps_of for h in hyps]))  # one call per chunk
         return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
                 for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
 
     def search_batch(self, rows: list[list[int]], keys: list[int], options: Optional[SearchOptions] = None,
-                     prefixes: Optional[list[list[int]]] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
+                     prefixes: Optional[list[list[int]]] = None,
+                     constraints: Optional[list] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
         """One batch: token ids (without EOS) of each sentence and its key (input line number) ->
         hypotheses per sentence, and with print_alignment their alignments. prefixes: each sentence's
         target prefix ids (empty: none); sentences with prefixes of one length are searched together,
-        the prefix decoded in one pass. Worker processes run this."""
+        the prefix decoded in one pass. constraints: each sentence's groups of alternative token
+        sequences (constraint_ids). Worker processes run this."""
         c, options = self.config, options or self.options
         src = self.source_tensor(rows)  # (b, S)
         by_length: dict[int, list[int]] = {}
@@ -219,7 +253,7 @@ class Translator:
                 part = src if len(group) == len(rows) else self.source_tensor([rows[i] for i in group])
                 prefix = torch.tensor([prefixes[i] for i in group], device=self.device) if n else None
                 found = search(self.model, part, options, keys=torch.tensor([keys[i] for i in group]) if options.sampling else None,
-                               prefix=prefix)
+                               prefix=prefix, constraints=[constraints[i] for i in group] if constraints else None)
                 for i, h in zip(group, found):
                     hyps[i] = h
             # one forced pass over the final hypotheses; search is untouched
@@ -301,6 +335,7 @@ def format_translation(t: Translation, config: DecodeConfig) -> str:
     return "\n".join(rows) + "\n"
 
 
+ATTACH = "("  # what a phrase is written after to see its pieces when attached to a preceding character
 MAX_LINE_BYTES = 1 << 20  # a sentence is a few hundred bytes; 1 MiB without a newline is not text to translate
 
 
@@ -390,13 +425,19 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
         stream, name = open_binary(input_path), str(input_path)
     else:
         stream, name = open_stdin(), "<stdin>"
-    if config.score_reference or config.target_prefix:
+    paired = [(Path(f), o) for f, o in ((config.target, "--score-reference"), (config.target_prefix, "--target-prefix"),
+                                        (config.constraints, "--constraints")) if f]
+    for second, option in paired:  # files read line for line with the input
         from .reference_score import check_line_counts
 
-        second = Path(config.target or config.target_prefix)
         open_binary(second).close()
         if input_path is not None:
-            check_line_counts(input_path, second, "--target-prefix" if config.target_prefix else "--score-reference")
+            check_line_counts(input_path, second, option)
+    glossary = None
+    if config.glossary:
+        from .terms import Glossary
+
+        glossary = Glossary.read(Path(config.glossary), config.glossary_ignore_case)
     if output is None:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
     with Translator.load(checkpoint_path, config) as translator:  # (stops --workers processes at the end)
@@ -408,12 +449,22 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
             return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
         count = 0
         prefixes = LockstepLines(Path(config.target_prefix), name, "--target-prefix", "one line per input line (an empty line: no prefix)", config.errors) if config.target_prefix else None
+        wanted = LockstepLines(Path(config.constraints), name, "--constraints", "one JSON list per input line (an empty line: none)", config.errors) if config.constraints else None
         for chunk in reader.chunks(config.chunk_lines):
-            for t in translator.translate_chunk(count, chunk, prefixes=prefixes.take(count, len(chunk)) if prefixes else None):
+            constraints = None
+            if wanted or glossary:
+                from .terms import parse_constraints_line
+
+                given = wanted.take(count, len(chunk)) if wanted else [""] * len(chunk)
+                constraints = [parse_constraints_line(c, f"{config.constraints}:{count + k + 1}") + (glossary.match(line) if glossary else [])
+                               for k, (c, line) in enumerate(zip(given, chunk))]
+            for t in translator.translate_chunk(count, chunk, prefixes=prefixes.take(count, len(chunk)) if prefixes else None,
+                                                constraints=constraints):
                 output.write(format_translation(t, config))
             output.flush()
             count += len(chunk)
-        if prefixes:
-            prefixes.finish(count)
+        for lockstep in (prefixes, wanted):
+            if lockstep:
+                lockstep.finish(count)
         return count
 

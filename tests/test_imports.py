@@ -23,9 +23,9 @@ LAYERS = [
     {"validate", "finetune", "update", "binarize", "distributed", "ema", "schedule", "metrics", "savedir"},
     {"translate", "data", "loss"},
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
-    {"checkpoint", "precision", "tokenizer"},
+    {"checkpoint", "precision", "tokenizer", "terms"},
     {"model", "device", "allocator", "settings", "batcher"},
-    {"kernels", "cache", "config", "textio", "runlock"},
+    {"kernels", "cache", "constraints", "config", "textio", "runlock"},
     {"exits"},
     {"log", "errors", "interrupts", "procpool"},
 ]
