@@ -40,6 +40,7 @@ class _Segment:
     options: SearchOptions
     queued: float  # time.monotonic()
     prefix: list[int] = field(default_factory=list)  # target prefix ids (empty: none)
+    constraints: list = field(default_factory=list)  # groups of alternative token sequences (Translator.constraint_ids)
 
 
 class Batcher:
@@ -59,14 +60,16 @@ class Batcher:
         return len(self.pending)
 
     def submit(self, texts: Sequence[str], options: SearchOptions, loop: asyncio.AbstractEventLoop,
-               prefixes: Optional[Sequence[str]] = None) -> _Request:
+               prefixes: Optional[Sequence[str]] = None, constraints: Optional[Sequence[list]] = None) -> _Request:
         """Queue one request's segments (empty ones are answered at once), with each one's target
-        prefix if given; ResourceError when the queue is full."""
+        prefix and constraint items (terms.py) if given; ResourceError when the queue is full."""
         ids = self.translator.encode(0, list(texts)) if texts else []
         prefix_ids = self.translator.encode(0, list(prefixes), "target prefix of segment") if prefixes else [[] for _ in ids]
+        groups = [self.translator.constraint_ids(c) for c in constraints] if constraints else [[] for _ in ids]
         request = _Request(loop, loop.create_future(), [None] * len(texts), 0)
         now = time.monotonic()
-        segments = [_Segment(request, k, t, i, options, now, p) for k, (t, i, p) in enumerate(zip(texts, ids, prefix_ids)) if i]
+        segments = [_Segment(request, k, t, i, options, now, p, g)
+                    for k, (t, i, p, g) in enumerate(zip(texts, ids, prefix_ids, groups)) if i]
         for k, i in enumerate(ids):
             if not i:  # an empty or whitespace-only segment keeps its place: an empty translation
                 request.results[k] = ([], [], None)
@@ -146,7 +149,8 @@ class Batcher:
         t0 = time.monotonic()
         try:
             out = self.translator.translate_ids(0, [s.text for s in batch], [s.ids for s in batch], batch[0].options,
-                                                keys=[s.index for s in batch], prefix_ids=[s.prefix for s in batch])
+                                                keys=[s.index for s in batch], prefix_ids=[s.prefix for s in batch],
+                                                constraint_ids=[s.constraints for s in batch])
             results: list[Any] = [(t.hypotheses, t.texts, t.alignments) for t in out]
         except Exception as error:  # every request of the batch gets the error; the server goes on
             log.error(f"decoding a batch of {len(batch)} segments failed: {type(error).__name__}: {error}")

@@ -108,13 +108,13 @@ class ConstraintState:
         return new, met
 
     def progress(self, token: Tensor) -> Tensor:
-        """(rows, W) constraint tokens met after each candidate token (rows, W): a met group counts
-        its size, an unmet one its best alternative's progress."""
+        """(rows, W) the level of progress after each candidate token (rows, W): the tokens of the
+        met groups (each its longest form) plus the furthest any unmet alternative has come. (Not
+        the sum over unmet ones: a token that advances one alternative may restart another, and
+        the level must rise whenever the furthest one advances, or the search can circle.)"""
         new, met = self._after(token)
-        group = self.group[self.sent][:, None, :].expand_as(new)
-        best = torch.zeros(met.shape, dtype=torch.long, device=new.device).scatter_reduce_(2, group, new, "amax")
-        size = self.group_size[self.sent][:, None, :]
-        return torch.where(met & self.exists[self.sent][:, None, :], size, best).sum(2)
+        size = self.group_size[self.sent][:, None, :]  # (rows, 1, G)
+        return torch.where(met & self.exists[self.sent][:, None, :], size, torch.zeros_like(size)).sum(2) + new.amax(2)
 
     def advance(self, token: Tensor) -> None:
         """Rows take their next token (rows,)."""

@@ -299,15 +299,15 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         W = lprobs.size(1)
         cand = scores[:, :, None] + lprobs.view(b, rows, W)  # (b, rows, W)
         n_cand = min(2 * K, rows * W)
-        if constraints is None:
-            top_scores, top_index = cand.view(b, -1).topk(n_cand, dim=1)  # (b, 2K) best first
-            priority = top_scores
-        else:  # dynamic beam allocation: the best 2K in stripes over the levels of progress
+        if constraints is None:  # the best 2K; equal scores in candidate order (as constrained search breaks ties)
+            top_index = cand.view(b, -1).argsort(dim=1, descending=True, stable=True)[:, :n_cand]  # (b, 2K) best first
+        else:  # dynamic beam allocation: the first 2K in stripes over the levels of progress
             banks = constraints.progress(row_token).view(b, rows * W)
-            key = stripes(cand.view(b, -1), banks, constraints.total[alive])
-            order, top_index = key.topk(n_cand, dim=1, largest=False)  # (b, 2K) first first
-            top_scores = cand.view(b, -1).gather(1, top_index)
-            priority = torch.where(torch.isfinite(top_scores), -order.double(), torch.full_like(top_scores, NEG_INF, dtype=torch.double))
+            top_index = stripes(cand.view(b, -1), banks, constraints.total[alive]).topk(n_cand, dim=1, largest=False).indices
+        top_scores = cand.view(b, -1).gather(1, top_index)
+        # which continue: the first K that are not EOS, in this order
+        priority = torch.where(torch.isfinite(top_scores), -torch.arange(n_cand, device=device, dtype=top_scores.dtype),
+                               torch.full_like(top_scores, NEG_INF))
         if n_cand < K:  # a vocabulary smaller than the beam: the missing candidates are impossible ones
             top_scores = torch.cat([top_scores, top_scores.new_full((b, K - n_cand), NEG_INF)], dim=1)
             priority = torch.cat([priority, priority.new_full((b, K - n_cand), NEG_INF)], dim=1)

@@ -150,7 +150,8 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
 
     app.add_middleware(count)
 
-    async def translate(request: Request, texts: list[str], options: SearchOptions, prefixes: Optional[list[str]] = None) -> list:
+    async def translate(request: Request, texts: list[str], options: SearchOptions, prefixes: Optional[list[str]] = None,
+                        constraints: Optional[list[list]] = None) -> list:
         """Queue, wait (for the runner, the timeout or the client going away), answer: results per segment."""
         if state["batcher"] is None:
             raise _Answer(503, state["error"] or "the model is loading; retry in a moment", {"Retry-After": str(RETRY_AFTER_SECONDS)})
@@ -163,7 +164,7 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
         batcher: Batcher = state["batcher"]
         try:
             job = batcher.submit(texts, options, asyncio.get_running_loop(),
-                                 [p.replace("\r", " ").replace("\n", " ") for p in prefixes] if prefixes else None)
+                                 [p.replace("\r", " ").replace("\n", " ") for p in prefixes] if prefixes else None, constraints)
         except ResourceError as e:
             raise _Answer(503, str(e), {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
         deadline = time.monotonic() + config.request_timeout
@@ -232,6 +233,10 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
         scores: bool = False
         alignment: bool = False
         target_prefix: Optional[list[str]] = Field(None, description="One per segment (\"\" for none): its translation starts with it")
+        constraints: Optional[list[list[Union[str, list[str]]]]] = Field(
+            None, description="One list per segment of phrases its translation must contain (a list inside: one of these forms)")
+        glossary: Optional[dict[str, Union[str, list[str]]]] = Field(
+            None, description="Source term -> target term (or forms): a term found in a segment (whole words) constrains its translation")
 
     @app.post("/v1/translate", summary="Translate segments with per-request search options")
     async def native(body: TranslateIn, request: Request):
@@ -248,7 +253,19 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
             raise _Answer(422, re.sub(r"--([a-z-]+)", lambda m: m.group(1).replace("-", "_"), str(e))) from None
         if body.target_prefix is not None and len(body.target_prefix) != len(body.segments):
             raise _Answer(422, f"target_prefix: {len(body.target_prefix)} prefixes for {len(body.segments)} segments; give one per segment")
-        results = await translate(request, body.segments, options, body.target_prefix)
+        if body.constraints is not None and len(body.constraints) != len(body.segments):
+            raise _Answer(422, f"constraints: {len(body.constraints)} lists for {len(body.segments)} segments; give one per segment")
+        constraints = None
+        if body.constraints is not None or body.glossary:
+            from .terms import Glossary, parse_items
+
+            glossary = Glossary([(k, [v] if isinstance(v, str) else v) for k, v in (body.glossary or {}).items()])
+            try:
+                constraints = [parse_items((list(body.constraints[k]) if body.constraints else []) + glossary.match(text),
+                                           f"constraints of segment {k + 1}") for k, text in enumerate(body.segments)]
+            except InputError as e:
+                raise _Answer(422, str(e)) from None
+        results = await translate(request, body.segments, options, body.target_prefix, constraints)
         from .alignment import format_alignment
 
         translations = []

@@ -261,17 +261,20 @@ class Translator:
         return hyps, aligned
 
     def translate(self, lines: Union[str, Iterable[str]], options: Optional[SearchOptions] = None,
-                  target_prefix: Union[None, str, Iterable[str]] = None):
+                  target_prefix: Union[None, str, Iterable[str]] = None, constraints: Optional[Iterable] = None):
         """For programs that embed seqtool: one string -> its translation; a list or tuple -> a list;
         any other iterable (a file, a generator) -> a lazy iterator that reads `chunk_lines` lines
         ahead. With nbest > 1 each translation is a list of nbest strings, best first. options:
         this call's search (default: the config's). target_prefix: what the translation starts
-        with (a string for one line, else one per line, "" for none)."""
+        with (a string for one line, else one per line, "" for none). constraints: what it must
+        contain: for one line a list of phrases (a list inside: one of these forms), else one
+        such list per line (terms.py)."""
         options = options or self.options
         if isinstance(lines, str):
             prefixes = None if target_prefix is None else [target_prefix]
-            return self._texts(next(iter(self.translate_stream([lines], options, prefixes))), options.nbest)
-        results = (self._texts(t, options.nbest) for t in self.translate_stream(lines, options, target_prefix))
+            found = self.translate_stream([lines], options, prefixes, None if constraints is None else [constraints])
+            return self._texts(next(iter(found)), options.nbest)
+        results = (self._texts(t, options.nbest) for t in self.translate_stream(lines, options, target_prefix, constraints))
         return list(results) if isinstance(lines, (list, tuple)) else results
 
     @staticmethod
@@ -288,19 +291,30 @@ class Translator:
         return score_lines(self, sources, references)
 
     def translate_stream(self, lines: Iterable[str], options: Optional[SearchOptions] = None,
-                         prefixes: Optional[Iterable[str]] = None) -> Iterator[Translation]:
-        """Translations of `lines`, a chunk at a time; prefixes: one target prefix per line."""
+                         prefixes: Optional[Iterable[str]] = None, constraints: Optional[Iterable] = None) -> Iterator[Translation]:
+        """Translations of `lines`, a chunk at a time; prefixes: one target prefix per line;
+        constraints: one list of constraint items per line (terms.py)."""
         if isinstance(prefixes, str):
             raise ConfigError("target_prefix: one string per line for several lines (a list), not one string")
-        prefix_iter = None if prefixes is None else iter(prefixes)
+        from .terms import parse_items
+
+        given = {"target_prefix": None if prefixes is None else iter(prefixes),
+                 "constraints": None if constraints is None else iter(constraints)}
+
+        def take(what: str, start: int, n: int) -> Optional[list]:
+            source = given[what]
+            if source is None:
+                return None
+            got = [item for _, item in zip(range(n), source)]
+            if len(got) < n:
+                raise InputError(f"{what}: {start + len(got)} items for more lines; give one per line")
+            if what == "target_prefix":
+                return [strip_line_end(p) for p in got]
+            return [parse_items(list(c), f"constraints of line {start + k + 1}") for k, c in enumerate(got)]
 
         def run(start: int, chunk: list[str]) -> list[Translation]:
-            if prefix_iter is None:
-                return self.translate_chunk(start, chunk, options)
-            given = [strip_line_end(p) for _, p in zip(range(len(chunk)), prefix_iter)]
-            if len(given) < len(chunk):
-                raise InputError(f"target_prefix: {start + len(given)} prefixes for more lines; give one per line ('' for none)")
-            return self.translate_chunk(start, chunk, options, given)
+            return self.translate_chunk(start, chunk, options, take("target_prefix", start, len(chunk)),
+                                        take("constraints", start, len(chunk)))
 
         chunk: list[str] = []
         start = 0
@@ -313,9 +327,9 @@ class Translator:
         if chunk:
             yield from run(start, chunk)
             start += len(chunk)
-        if prefix_iter is not None and next(prefix_iter, None) is not None:
-            raise InputError(f"target_prefix: more prefixes than the {start} lines; give one per line")
-
+        for what, source in given.items():
+            if source is not None and next(source, None) is not None:
+                raise InputError(f"{what}: more items than the {start} lines; give one per line")
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:
