@@ -17,9 +17,10 @@ limit, where the search must end (a constraint that does not fit is then missing
 warns). Nothing loops over hypotheses or constraints in Python.
 
 Matching follows each alternative's progress p: a token equal to its (p+1)th token advances it,
-any other token restarts it (at 1 if the token is its first, else at 0). Like fairseq, this does
-not backtrack into overlapping partial matches (a phrase "a a b" after "a a a b" is missed while
-in progress, and found if the search places it again).
+any other token restarts it (at 1 if the token is its first, else at 0); a complete alternative
+is met at the next word boundary (WordPieces). Like fairseq, this does not backtrack into
+overlapping partial matches (a phrase "a a b" after "a a a b" is missed while in progress, and
+found if the search places it again).
 
 Rows follow the cache's contract: `select(index)` keeps row index[i] as row i (beam search calls
 it with each survivor's parent, and with fewer rows when sentences finish).
@@ -27,7 +28,8 @@ it with each survivor's parent, and with fewer rows when sentences finish).
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -36,11 +38,35 @@ from torch import Tensor
 SentenceConstraints = Sequence[Sequence[Sequence[int]]]
 
 
-class ConstraintState:
-    """The batch's constraints (B sentences) and, per decoder row, each alternative's progress and
-    each group's met flag."""
+@dataclass(frozen=True)
+class WordPieces:
+    """What the vocabulary's pieces say about word boundaries (from the tokenizer; None in search:
+    every token is a boundary). continues (V,): the piece goes on the word before it (no leading
+    "▁", a letter or digit first); opens (V,): the piece ends with neither, so a piece that
+    continues may follow it without gluing words together ("(" then "he av ens")."""
 
-    def __init__(self, constraints: Sequence[SentenceConstraints], device: torch.device):
+    continues: Tensor
+    opens: Tensor
+
+    @classmethod
+    def of(cls, pieces: Sequence[str], device: torch.device) -> "WordPieces":
+        cont = [not p.startswith("\u2581") and p[:1].isalnum() and not p.startswith("<") for p in pieces]
+        opens = [bool(p) and not p[-1].isalnum() and not p.startswith("<") for p in pieces]
+        return cls(torch.tensor(cont, device=device), torch.tensor(opens, device=device))
+
+
+class ConstraintState:
+    """The batch's constraints (B sentences) and, per decoder row, each alternative's progress,
+    each group's met flag and the row's last token.
+
+    An alternative of L tokens has progress 0..L; at L it waits for a word boundary: the next
+    token must not continue the word (else "understand" would be met by "understands"), EOS
+    included. It counts L + 1 tokens of progress, so placing its boundary is progress too. An
+    alternative whose first piece continues a word (a phrase as written after a bracket) may only
+    start after a piece that opens (else it would glue onto the word before)."""
+
+    def __init__(self, constraints: Sequence[SentenceConstraints], device: torch.device, pieces: Optional[WordPieces] = None,
+                 bos: int = 0):
         B = len(constraints)
         flat = [[(g, alt) for g, group in enumerate(groups) for alt in group if alt] for groups in constraints]
         A = max([len(f) for f in flat] + [1])
@@ -49,69 +75,83 @@ class ConstraintState:
         self.tokens = torch.full((B, A, T), -1, dtype=torch.long)  # alternative a's tokens, -1 after its end
         self.lengths = torch.zeros(B, A, dtype=torch.long)  # 0: no alternative there
         self.group = torch.zeros(B, A, dtype=torch.long)  # the group of each alternative
-        self.group_size = torch.zeros(B, G, dtype=torch.long)  # tokens a met group counts (its longest alternative)
+        self.group_size = torch.zeros(B, G, dtype=torch.long)  # progress a met group counts: its longest alternative + 1
         self.exists = torch.zeros(B, G, dtype=torch.bool)
         for b, f in enumerate(flat):
             for a, (g, alt) in enumerate(f):
                 self.tokens[b, a, : len(alt)] = torch.tensor(alt)
                 self.lengths[b, a] = len(alt)
                 self.group[b, a] = g
-                self.group_size[b, g] = max(int(self.group_size[b, g]), len(alt))
+                self.group_size[b, g] = max(int(self.group_size[b, g]), len(alt) + 1)
                 self.exists[b, g] = True
         self.tokens, self.lengths, self.group, self.group_size, self.exists = (
             t.to(device) for t in (self.tokens, self.lengths, self.group, self.group_size, self.exists))
+        self.pieces = pieces
+        if pieces is not None:  # alternatives that must start after an opening piece
+            self.glued = pieces.continues[self.tokens[:, :, 0].clamp(min=0)] & (self.lengths > 0)
+        else:
+            self.glued = torch.zeros_like(self.exists[:, :1].expand(B, A))
         self.total = self.group_size.sum(1)  # (B,) progress when every group is met
         self.sent = torch.arange(B, device=device)  # (rows,) each row's sentence
         self.progress_of = torch.zeros(B, A, dtype=torch.long, device=device)  # (rows, A)
         self.met = ~self.exists.clone()  # (rows, G) a group that does not exist counts as met
+        self.last = torch.full((B,), bos, dtype=torch.long, device=device)  # (rows,) each row's last token
 
     # ---- rows ----------------------------------------------------------------------------------
     def select(self, index: Tensor) -> None:
         """Row index[i] becomes row i (the cache's reorder contract)."""
-        self.sent, self.progress_of, self.met = self.sent[index], self.progress_of[index], self.met[index]
+        self.sent, self.progress_of, self.met, self.last = self.sent[index], self.progress_of[index], self.met[index], self.last[index]
 
-    def all_met(self) -> Tensor:
-        """(rows,) every group met."""
-        return self.met.all(1)
-
-    def row_total(self) -> Tensor:
-        return self.total[self.sent]
+    def ready(self) -> Tensor:
+        """(rows,) every group met, or waiting only for a word boundary (which EOS gives)."""
+        pending = (self.progress_of == self.lengths[self.sent]) & (self.lengths[self.sent] > 0)  # (rows, A)
+        waiting = torch.zeros_like(self.met).scatter_reduce_(1, self.group[self.sent], pending, "amax")
+        return (self.met | waiting).all(1)
 
     # ---- what the next token does ------------------------------------------------------------------
     def _active(self) -> Tensor:
         """(rows, A) alternatives that exist and whose group is unmet."""
-        group = self.group[self.sent]
-        return (self.lengths[self.sent] > 0) & ~self.met.gather(1, group)
+        return (self.lengths[self.sent] > 0) & ~self.met.gather(1, self.group[self.sent])
+
+    def _may_start(self) -> Tensor:
+        """(rows, A) an alternative may start with the next token (a glued one only after an opening piece)."""
+        if self.pieces is None:
+            return torch.ones_like(self.glued[self.sent])
+        return ~self.glued[self.sent] | self.pieces.opens[self.last][:, None]
 
     def wanted(self) -> Tensor:
-        """(rows, A) the token that advances each active alternative (its next one), else -1."""
+        """(rows, A) the token that advances each active alternative (its next one), else -1 (none,
+        or it waits for a boundary)."""
         toks = self.tokens[self.sent]  # (rows, A, T)
-        at = self.progress_of.clamp(max=toks.size(2) - 1)
-        nxt = toks.gather(2, at[:, :, None]).squeeze(2)
-        return torch.where(self._active(), nxt, torch.full_like(nxt, -1))
+        p = self.progress_of
+        nxt = toks.gather(2, p.clamp(max=toks.size(2) - 1)[:, :, None]).squeeze(2)
+        ok = self._active() & (p < self.lengths[self.sent]) & ((p > 0) | self._may_start())
+        return torch.where(ok, nxt, torch.full_like(nxt, -1))
 
     def _after(self, token: Tensor) -> tuple[Tensor, Tensor]:
         """Progress (rows, W, A) and met groups (rows, W, G) after each of W candidate tokens (rows, W)."""
         toks = self.tokens[self.sent]  # (rows, A, T)
-        active = self._active()[:, None, :]  # (rows, 1, A)
-        nxt = self.wanted()[:, None, :]  # (rows, 1, A)
-        first = toks[:, None, :, 0]  # (rows, 1, A)
+        lengths = self.lengths[self.sent][:, None, :]  # (rows, 1, A)
+        active = self._active()[:, None, :]
+        p = self.progress_of[:, None, :]
+        nxt = toks.gather(2, self.progress_of.clamp(max=toks.size(2) - 1)[:, :, None]).squeeze(2)[:, None, :]
         t = token[:, :, None]  # (rows, W, 1)
-        prog = self.progress_of[:, None, :]
-        new = torch.where(t == nxt, prog + 1, (t == first).long())  # (rows, W, A)
-        new = torch.where(active, new, torch.zeros_like(new))
-        complete = active & (new >= self.lengths[self.sent][:, None, :])  # (rows, W, A)
+        boundary = ~self.pieces.continues[token][:, :, None] if self.pieces is not None else torch.ones_like(t, dtype=torch.bool)
+        complete = active & (p == lengths) & boundary  # (rows, W, A)
+        advance = (p < lengths) & (t == nxt) & ((p > 0) | self._may_start()[:, None, :])
+        start = (t == toks[:, None, :, 0]) & self._may_start()[:, None, :]  # a restart at this token
+        new = torch.where(advance, p + 1, start.long())
         met = self.met[:, None, :].expand(-1, token.size(1), -1).clone()  # (rows, W, G)
         group = self.group[self.sent][:, None, :].expand_as(new)
         met.scatter_reduce_(2, group, complete.to(met.dtype), "amax")
-        new = torch.where(met.gather(2, group), torch.zeros_like(new), new)  # a met group's alternatives stop counting
+        new = torch.where(active & ~met.gather(2, group), new, torch.zeros_like(new))  # a met group's alternatives stop counting
         return new, met
 
     def progress(self, token: Tensor) -> Tensor:
-        """(rows, W) the level of progress after each candidate token (rows, W): the tokens of the
-        met groups (each its longest form) plus the furthest any unmet alternative has come. (Not
-        the sum over unmet ones: a token that advances one alternative may restart another, and
-        the level must rise whenever the furthest one advances, or the search can circle.)"""
+        """(rows, W) the level of progress after each candidate token (rows, W): the met groups'
+        sizes plus the furthest any unmet alternative has come. (Not the sum over unmet ones: a
+        token that advances one alternative may restart another, and the level must rise whenever
+        the furthest one advances, or the search could circle.)"""
         new, met = self._after(token)
         size = self.group_size[self.sent][:, None, :]  # (rows, 1, G)
         return torch.where(met & self.exists[self.sent][:, None, :], size, torch.zeros_like(size)).sum(2) + new.amax(2)
@@ -119,7 +159,7 @@ class ConstraintState:
     def advance(self, token: Tensor) -> None:
         """Rows take their next token (rows,)."""
         new, met = self._after(token[:, None])
-        self.progress_of, self.met = new[:, 0], met[:, 0]
+        self.progress_of, self.met, self.last = new[:, 0], met[:, 0], token
 
 
 def stripes(scores: Tensor, banks: Tensor, totals: Tensor) -> Tensor:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .config import Sampling, SearchOptions
-from .constraints import ConstraintState, stripes
+from .constraints import ConstraintState, WordPieces, stripes
 from .errors import ConfigError
 
 __all__ = ["Hypothesis", "Sampling", "SearchOptions", "beam_search", "greedy_search", "sample", "search"]
@@ -288,14 +288,14 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         else:
             lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, max_len0[alive].repeat_interleave(rows), min_len)
         if constraints is not None:  # no EOS before every constraint is met (unless at the limit)
-            waiting = ~constraints.all_met() & (max_len0[alive].repeat_interleave(rows) > step)
+            waiting = ~constraints.ready() & (max_len0[alive].repeat_interleave(rows) > step)
             lprobs[:, c.eos_id] = torch.where(waiting, torch.full_like(lprobs[:, c.eos_id], NEG_INF), lprobs[:, c.eos_id])
         full = lprobs
         # Each row's best 2K tokens hold the sentence's best 2K candidates (no row gives more), so
         # the sentence ranks rows x 2K candidates, not rows x V.
         lprobs, row_token = top_k(lprobs, min(2 * K, lprobs.size(1)))  # (b*rows, W)
         if constraints is not None:  # ... and each row may also take the next token of each unmet constraint
-            lprobs, row_token = _with_wanted(full, lprobs, row_token, constraints.wanted())
+            lprobs, row_token = _with_wanted(full, lprobs, row_token, constraints.wanted(), constraints.pieces, c.eos_id)
         W = lprobs.size(1)
         cand = scores[:, :, None] + lprobs.view(b, rows, W)  # (b, rows, W)
         n_cand = min(2 * K, rows * W)
@@ -378,32 +378,39 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     return result
 
 
-def _with_wanted(full: Tensor, lprobs: Tensor, row_token: Tensor, wanted: Tensor) -> tuple[Tensor, Tensor]:
+def _with_wanted(full: Tensor, lprobs: Tensor, row_token: Tensor, wanted: Tensor, pieces: Optional[WordPieces],
+                 eos: int) -> tuple[Tensor, Tensor]:
     """Each row's candidates (rows, W) extended by the tokens its constraints want next (rows, A; -1
-    none), with their log-probabilities from `full` (rows, V); one already among the row's
-    candidates, or wanted twice, is an impossible (-inf) extra."""
-    A = wanted.size(1)
-    repeat = (wanted[:, :, None] == wanted[:, None, :]).tril(-1).any(2)  # (rows, A) an earlier one wants it too
-    dup = (wanted[:, :, None] == row_token[:, None, :]).any(2) | repeat | (wanted < 0)
-    ids = wanted.clamp(min=0)
-    extra = torch.where(dup, torch.full((full.size(0), A), NEG_INF, device=full.device), full.gather(1, ids))
-    return torch.cat([lprobs, extra], dim=1), torch.cat([row_token, ids], dim=1)
+    none) and, with word pieces, by its best token that ends a word (not EOS), so a complete
+    constraint always has a boundary to take; log-probabilities from `full` (rows, V). One already
+    among the row's candidates, or there twice, is an impossible (-inf) extra."""
+    extra = wanted
+    if pieces is not None:
+        free = full.masked_fill(pieces.continues, NEG_INF)
+        free[:, eos] = NEG_INF
+        extra = torch.cat([wanted, free.argmax(dim=1, keepdim=True)], dim=1)  # (rows, A + 1)
+    repeat = (extra[:, :, None] == extra[:, None, :]).tril(-1).any(2)  # an earlier one is the same
+    dup = (extra[:, :, None] == row_token[:, None, :]).any(2) | repeat | (extra < 0)
+    ids = extra.clamp(min=0)
+    add = full.gather(1, ids).masked_fill(dup, NEG_INF)
+    return torch.cat([lprobs, add], dim=1), torch.cat([row_token, ids], dim=1)
 
 
 def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: Optional[Tensor] = None,
-           prefix: Optional[Tensor] = None, constraints: Optional[Sequence] = None) -> list[list[Hypothesis]]:
+           prefix: Optional[Tensor] = None, constraints: Optional[Sequence] = None,
+           pieces: Optional[WordPieces] = None) -> list[list[Hypothesis]]:
     """Sampling when options.sampling is given (nbest samples; beam unused; keys (B,) identify the
     sentences for the random numbers), else greedy (beam 1) or beam search. prefix (B, P), one
     length for the batch: the output's given first tokens (P = 0 or None: none). constraints: per
-    sentence, groups of alternative token sequences that the output must contain (constraints.py);
-    beam search runs them, also at beam 1."""
+    sentence, groups of alternative token sequences that the output must contain (constraints.py),
+    as whole words where `pieces` says what a word is; beam search runs them, also at beam 1."""
     o = options
     if prefix is not None and prefix.size(1) == 0:
         prefix = None
     if constraints is not None and any(any(any(alt for alt in g) for g in groups) for groups in constraints):
         if o.sampling is not None:
             raise ConfigError("constraints are kept by beam search; drop sampling")
-        state = ConstraintState(constraints, src.device)
+        state = ConstraintState(constraints, src.device, pieces, model.config.bos_id)
         return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix, state)
     if o.sampling is not None:
         return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys, prefix)

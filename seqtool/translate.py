@@ -31,7 +31,7 @@ from .alignment import align_hypotheses, format_alignment, resolve_layer
 from .errors import ConfigError, InputError
 from .config import DecodeConfig, SearchOptions
 from .model import padded
-from .constraints import satisfied
+from .constraints import WordPieces, satisfied
 from .search import Hypothesis, search
 from .textio import LineDecoder, LockstepLines, open_binary, open_stdin, strip_line_end
 from .tokenizer import Tokenizer
@@ -73,6 +73,16 @@ class Translator:
         self.options = config.search_options()  # what a request gets unless it asks otherwise
         if config.print_alignment:
             resolve_layer(config.alignment_layer, self.aligner.config.decoder_layers, "--alignment-layer")  # fail before reading input
+        self._word_pieces: Optional[WordPieces] = None
+
+    @property
+    def word_pieces(self) -> WordPieces:
+        """Which pieces continue a word and which open one (for constraints as whole words); built once."""
+        if self._word_pieces is None:
+            n = self.model.config.vocab_size
+            pieces = [self.tokenizer.sp.id_to_piece(i) if i < self.tokenizer.sp.get_piece_size() else "" for i in range(n)]
+            self._word_pieces = WordPieces.of(pieces, self.device)
+        return self._word_pieces
 
     @classmethod
     def load(cls, path: Union[str, Path, Sequence[Union[str, Path]]], config: Optional[DecodeConfig] = None,
@@ -253,7 +263,8 @@ class Translator:
                 part = src if len(group) == len(rows) else self.source_tensor([rows[i] for i in group])
                 prefix = torch.tensor([prefixes[i] for i in group], device=self.device) if n else None
                 found = search(self.model, part, options, keys=torch.tensor([keys[i] for i in group]) if options.sampling else None,
-                               prefix=prefix, constraints=[constraints[i] for i in group] if constraints else None)
+                               prefix=prefix, constraints=[constraints[i] for i in group] if constraints else None,
+                               pieces=self.word_pieces if constraints else None)
                 for i, h in zip(group, found):
                     hyps[i] = h
             # one forced pass over the final hypotheses; search is untouched

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from seqtool.config import SearchOptions, model_config_for
-from seqtool.constraints import ConstraintState, satisfied, stripes
+from seqtool.constraints import ConstraintState, WordPieces, satisfied, stripes
 from seqtool.errors import InputError
 from seqtool.model import Transformer
 from seqtool.search import beam_search, search
@@ -80,12 +80,27 @@ def test_stripes_take_the_best_of_every_level_before_the_second_best_of_any():
 
 
 def test_progress_advances_restarts_and_counts_met_groups():
+    """A complete phrase counts once the next token ends its word: [4 5 6] then 8 meets the first
+    group (3 tokens + its boundary) while 8 starts [8 9] of the second, met by the token after 9."""
     state = ConstraintState([[[[4, 5, 6]], [[7], [8, 9]]]], torch.device("cpu"))
-    assert state.total.tolist() == [5]  # 3 + the longer form of the second group
-    for token, progress in ((4, 1), (5, 2), (4, 1), (5, 2), (6, 3), (8, 4), (9, 5)):  # 3 met + the furthest of the rest
+    assert state.total.tolist() == [7]  # (3 + 1) + (the longer form 2 + 1)
+    for token, progress in ((4, 1), (5, 2), (4, 1), (5, 2), (6, 3), (8, 5), (9, 6)):
         assert state.progress(torch.tensor([[token]])).item() == progress
         state.advance(torch.tensor([token]))
-    assert bool(state.all_met().item())
+    assert bool(state.ready().item()) and not bool(state.met.all().item())  # EOS may come: it ends the word
+    assert state.progress(torch.tensor([[EOS]])).item() == 7
+
+
+def test_a_phrase_is_met_as_a_whole_word_and_a_glued_form_only_after_an_opening_piece():
+    """pieces: 10 "▁under" 11 "stand" 12 "s" (continues) 13 "▁(" (opens) 14 "▁the"."""
+    pieces = WordPieces.of(["<pad>", "<unk>", "<s>", "</s>"] + ["x"] * 6 + ["▁under", "stand", "s", "▁(", "▁the"],
+                           torch.device("cpu"))
+    word = [[[[10, 11], [11]]]]  # "understand" alone, or glued after an opening piece
+    for seq, met in (([10, 11, 14], True), ([10, 11, 12], False), ([14, 11, 14], False), ([13, 11, 14], True)):
+        state = ConstraintState(word, torch.device("cpu"), pieces, bos=2)
+        for t in seq:
+            state.advance(torch.tensor([t]))
+        assert bool(state.met.all().item()) == met, seq
 
 
 # ---- properties on a real model -----------------------------------------------------------------

@@ -229,6 +229,23 @@ def test_target_prefixes_per_segment_as_translate_gives_them(server, tiny_checkp
     assert r.status_code == 422 and "target_prefix: 1 prefixes for 4 segments" in r.json()["error"]
 
 
+def test_constraints_and_a_glossary_per_request_as_translate_keeps_them(server, tiny_checkpoint):
+    from seqtool.config import DecodeConfig
+    from seqtool.translate import Translator
+
+    segments = ["a b c", "d e", "f g h"]
+    body = {"segments": segments, "constraints": [["h g"], [], [["e e", "f f"]]], "glossary": {"d": "c a"}}
+    r = httpx.post(f"{server.url}/v1/translate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", precision="fp32", threads=2, max_len_b=8))
+    want = t.translate(segments, constraints=[["h g"], ["c a"], [["e e", "f f"]]])
+    assert [x["text"] for x in r.json()["translations"]] == want
+    for bad, words in (({"constraints": [["x"]]}, "constraints: 1 lists for 3 segments"),
+                       ({"constraints": [[""], [], []]}, "constraints of segment 1: item 1")):
+        r = httpx.post(f"{server.url}/v1/translate", json={"segments": segments, **bad}, timeout=60)
+        assert r.status_code == 422 and words in r.json()["error"], r.text
+
+
 def _alive(pid: int) -> bool:
     try:
         return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
