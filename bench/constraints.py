@@ -89,7 +89,8 @@ def fairseq_run(work: Path, srcs: list[str], refs: list[str], cons: list[list[st
     if not exe.exists():
         log(f"fairseq: {exe} not found (bash ../shared/peers/install.sh); skipped")
         return {}
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    # torch >= 2.6 loads weights only by default; fairseq 0.12 checkpoints hold argparse objects (its own files)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
     fig: dict = {"lines": len(srcs), "lines_with_constraints": sum(1 for c in cons if c)}
     for name, with_constraints in (("free", False), ("held", True)):
         lines = ["\t".join([s, *c]) if with_constraints else s for s, c in zip(srcs, cons)]

@@ -281,7 +281,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     fin_rank = torch.full((B, K), NEG_INF, device=device)  # what ranks them: the score, less UNMET if a constraint is missing
     fin_tokens = torch.full((B, K, L + 1), c.pad_id, dtype=torch.long, device=device)
     fin_count = torch.zeros(B, dtype=torch.long, device=device)
-    met_finished = torch.zeros(B, dtype=torch.bool, device=device)  # constrained: an output with every constraint has finished
+    met_finished = torch.zeros(B, dtype=torch.long, device=device)  # constrained: outputs with every constraint finished
     for step in range(P, L):
         b = alive.numel()
         if step == P and first is not None:
@@ -308,7 +308,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
             # once an output with every constraint has finished, only such outputs go on: the search
             # is then plain beam search among them and ends as it does (else the levels below keep
             # the sentence going, and at the length limit long repetitive outputs win on their average)
-            cand = torch.where(met_finished[alive][:, None] & ~full_met, torch.full_like(cand.view(b, -1), NEG_INF),
+            cand = torch.where((met_finished[alive] > 0)[:, None] & ~full_met, torch.full_like(cand.view(b, -1), NEG_INF),
                                cand.view(b, -1)).view(b, rows, W)
             top_index = stripes(cand.view(b, -1), banks, constraints.total[alive]).topk(n_cand, dim=1, largest=False).indices
         top_scores = cand.view(b, -1).gather(1, top_index)
@@ -336,7 +336,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
             rank = norm
             if constraints is not None:  # at the length limit an output may lack a constraint: it ranks below all that have them
                 missing = ~full_met.gather(1, top_index)
-                met_finished[alive] |= (finishing & ~missing).any(1)
+                met_finished[alive] += (finishing & ~missing).sum(1)
                 rank = torch.where(missing, norm - UNMET, norm)
             merged_scores = torch.cat([fin_scores[alive], norm], dim=1)  # (b, K + 2K)
             merged_tokens = torch.cat([fin_tokens[alive], seqs], dim=1)
@@ -353,8 +353,13 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         parent_rows = (torch.arange(b, device=device)[:, None] * rows + parent.gather(1, pick)).view(-1)  # (b*K,)
         next_token = token.gather(1, pick).view(-1, 1)
 
-        # 3. Sentences with K finished hypotheses (or at their length limit) leave the batch.
+        # 3. Sentences with K finished hypotheses (or at their length limit) leave the batch
+        # (constrained: once the n-best outputs with every constraint have finished. Longer searches
+        # only find longer outputs that win on their average: 600 bible lines, beam 5, BLEU 20.10
+        # stopping at the first, 19.21 at the second, 18.05 after beam-many; unconstrained 18.67)
         done = (fin_count[alive] >= K) | (max_len0[alive] <= step) | ~torch.isfinite(scores).any(1)
+        if constraints is not None:
+            done |= met_finished[alive] >= nbest
         if bool(done.all()):
             break
         if bool(done.any()):
