@@ -42,7 +42,7 @@ SentenceConstraints = Sequence[Sequence[Sequence[int]]]
 class WordPieces:
     """What the vocabulary's pieces say about word boundaries (from the tokenizer; None in search:
     every token is a boundary). continues (V,): the piece goes on the word before it (no leading
-    "▁", a letter or digit first); opens (V,): the piece ends with neither, so a piece that
+    "▁", a letter, digit or "_" first, as \w); opens (V,): the piece ends with none of these, so a piece that
     continues may follow it without gluing words together ("(" then "he av ens")."""
 
     continues: Tensor
@@ -50,8 +50,11 @@ class WordPieces:
 
     @classmethod
     def of(cls, pieces: Sequence[str], device: torch.device) -> "WordPieces":
-        cont = [not p.startswith("\u2581") and p[:1].isalnum() and not p.startswith("<") for p in pieces]
-        opens = [bool(p) and not p[-1].isalnum() and not p.startswith("<") for p in pieces]
+        def word(ch: str) -> bool:  # a regular expression's \w: letters, digits and "_"
+            return ch.isalnum() or ch == "_"
+
+        cont = [not p.startswith("\u2581") and word(p[:1]) and not p.startswith("<") for p in pieces]
+        opens = [bool(p) and not word(p[-1]) and not p.startswith("<") for p in pieces]
         return cls(torch.tensor(cont, device=device), torch.tensor(opens, device=device))
 
 

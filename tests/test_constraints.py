@@ -207,3 +207,15 @@ def test_cli_refuses_bad_constraints_naming_file_and_line_and_warns_when_one_doe
     assert "line 1: the translation lacks a constraint" in result.stderr.decode()
     result = _run(tiny_checkpoint, b"a\n", "--constraints", str(tmp_path / "c.jsonl"), "--sampling")
     assert result.returncode == 1 and "drop --sampling" in result.stderr.decode()
+
+
+def test_an_ensemble_keeps_constraints_in_every_n_best_output_that_has_room(real_model):
+    from seqtool.ensemble import Ensemble
+
+    torch.manual_seed(4)
+    other = Transformer(model_config_for("tiny", vocab_size=50, dropout=0.0)).eval()
+    src = torch.tensor([[5, 6, 7, 8, real_model.config.eos_id]])
+    groups = [[[[11, 12]], [[30], [31, 32]]]]
+    with torch.no_grad():
+        hyps = search(Ensemble([real_model, other]), src, SearchOptions(beam=4, nbest=2, max_len_b=12), constraints=groups)[0]
+    assert len(hyps) == 2 and all(satisfied(h.tokens, groups[0]) for h in hyps)
