@@ -42,7 +42,7 @@ SentenceConstraints = Sequence[Sequence[Sequence[int]]]
 class WordPieces:
     """What the vocabulary's pieces say about word boundaries (from the tokenizer; None in search:
     every token is a boundary). continues (V,): the piece goes on the word before it (no leading
-    "▁", a letter, digit or "_" first, as \w); opens (V,): the piece ends with none of these, so a piece that
+    "▁", a letter, digit or "_" first, as a regular expression's word character); opens (V,): the piece ends with none of these, so a piece that
     continues may follow it without gluing words together ("(" then "he av ens")."""
 
     continues: Tensor
