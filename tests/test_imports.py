@@ -24,7 +24,7 @@ LAYERS = [
     {"translate", "data", "loss"},
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
     {"checkpoint", "precision", "tokenizer", "terms"},
-    {"model", "device", "allocator", "settings", "batcher"},
+    {"model", "device", "allocator", "settings", "batcher", "linereader"},
     {"kernels", "cache", "constraints", "config", "textio", "runlock"},
     {"exits"},
     {"log", "errors", "interrupts", "procpool"},

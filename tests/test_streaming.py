@@ -13,7 +13,8 @@ import seqtool.translate
 from seqtool.config import DecodeConfig
 from seqtool.search import Hypothesis
 from seqtool.textio import InputError
-from seqtool.translate import _LineReader, translate_file
+from seqtool.linereader import LineReader
+from seqtool.translate import translate_file
 
 
 class Trickle:
@@ -35,13 +36,13 @@ DATA = ("a b\r\n\nc\rd\ne\u2028f\n\x85\n" + "long " * 40 + "\nx\nlast without ne
 
 @pytest.mark.parametrize("step", [1, 3, 7, 1 << 16])
 def test_reader_gives_every_line_in_order_whatever_the_reads(step):
-    chunks = list(_LineReader(Trickle(DATA, step), "<test>").chunks(3))
+    chunks = list(LineReader(Trickle(DATA, step), "<test>").chunks(3))
     assert [line for chunk in chunks for line in chunk] == LINES
     assert all(1 <= len(chunk) <= 3 for chunk in chunks)
 
 
 def test_reader_hands_over_the_lines_before_an_error_then_the_error():
-    reader = _LineReader(Trickle(b"a\nb\n\xff\nc\n", 1 << 16), "<test>", errors="strict")
+    reader = LineReader(Trickle(b"a\nb\n\xff\nc\n", 1 << 16), "<test>", errors="strict")
     got = []
     with pytest.raises(InputError, match="<test>:3: invalid UTF-8"):
         for chunk in reader.chunks(10):
@@ -52,7 +53,7 @@ def test_reader_hands_over_the_lines_before_an_error_then_the_error():
 def test_reader_translates_what_has_arrived_when_a_pipe_pauses():
     read_end, write_end = os.pipe()
     stream = os.fdopen(read_end, "rb")
-    chunks = _LineReader(stream, "<pipe>").chunks(1000)
+    chunks = LineReader(stream, "<pipe>").chunks(1000)
     os.write(write_end, b"a\nb\nc")  # "c" is still being typed: not a line yet
     got = []
     worker = threading.Thread(target=lambda: got.append(next(chunks)))
