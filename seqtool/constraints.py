@@ -60,60 +60,74 @@ class WordPieces:
 
 class ConstraintState:
     """The batch's constraints (B sentences) and, per decoder row, each alternative's progress,
-    each group's met flag and the row's last token.
+    how often each group has been met, and the row's last token.
 
     An alternative of L tokens has progress 0..L; at L it waits for a word boundary: the next
     token must not continue the word (else "understand" would be met by "understands"), EOS
     included. It counts L + 1 tokens of progress, so placing its boundary is progress too. An
     alternative whose first piece continues a word (a phrase as written after a bracket) may only
-    start after a piece that opens (else it would glue onto the word before)."""
+    start after a piece that opens (else it would glue onto the word before).
+
+    A constraint appears exactly once: once its group is met, the token that would complete one of
+    its alternatives again is banned (unless an unmet constraint wants it). A constraint given n
+    times is one group needed n times."""
 
     def __init__(self, constraints: Sequence[SentenceConstraints], device: torch.device, pieces: Optional[WordPieces] = None,
                  bos: int = 0):
         B = len(constraints)
-        flat = [[(g, alt) for g, group in enumerate(groups) for alt in group if alt] for groups in constraints]
+        merged = [_merge(groups) for groups in constraints]  # per sentence: [(alternatives, times needed)]
+        flat = [[(g, alt) for g, (group, _) in enumerate(groups) for alt in group] for groups in merged]
         A = max([len(f) for f in flat] + [1])
-        G = max([len(groups) for groups in constraints] + [1])
+        G = max([len(groups) for groups in merged] + [1])
         T = max([len(alt) for f in flat for _, alt in f] + [1])
         self.tokens = torch.full((B, A, T), -1, dtype=torch.long)  # alternative a's tokens, -1 after its end
         self.lengths = torch.zeros(B, A, dtype=torch.long)  # 0: no alternative there
         self.group = torch.zeros(B, A, dtype=torch.long)  # the group of each alternative
-        self.group_size = torch.zeros(B, G, dtype=torch.long)  # progress a met group counts: its longest alternative + 1
-        self.exists = torch.zeros(B, G, dtype=torch.bool)
+        self.group_size = torch.zeros(B, G, dtype=torch.long)  # progress one occurrence counts: its longest alternative + 1
+        self.need = torch.zeros(B, G, dtype=torch.long)  # occurrences a group needs (0: no group there)
         for b, f in enumerate(flat):
             for a, (g, alt) in enumerate(f):
                 self.tokens[b, a, : len(alt)] = torch.tensor(alt)
                 self.lengths[b, a] = len(alt)
                 self.group[b, a] = g
                 self.group_size[b, g] = max(int(self.group_size[b, g]), len(alt) + 1)
-                self.exists[b, g] = True
-        self.tokens, self.lengths, self.group, self.group_size, self.exists = (
-            t.to(device) for t in (self.tokens, self.lengths, self.group, self.group_size, self.exists))
+            for g, (_, times) in enumerate(merged[b]):
+                self.need[b, g] = times
+        self.tokens, self.lengths, self.group, self.group_size, self.need = (
+            t.to(device) for t in (self.tokens, self.lengths, self.group, self.group_size, self.need))
         self.pieces = pieces
         if pieces is not None:  # alternatives that must start after an opening piece
             self.glued = pieces.continues[self.tokens[:, :, 0].clamp(min=0)] & (self.lengths > 0)
         else:
-            self.glued = torch.zeros_like(self.exists[:, :1].expand(B, A))
-        self.total = self.group_size.sum(1)  # (B,) progress when every group is met
+            self.glued = torch.zeros_like(self.lengths, dtype=torch.bool)
+        self.total = (self.group_size * self.need).sum(1)  # (B,) progress when every group is met
         self.sent = torch.arange(B, device=device)  # (rows,) each row's sentence
-        self.progress_of = torch.zeros(B, A, dtype=torch.long, device=device)  # (rows, A)
-        self.met = ~self.exists.clone()  # (rows, G) a group that does not exist counts as met
+        self.progress_of = torch.zeros(B, A, dtype=torch.long, device=device)  # (rows, A), met groups' too
+        self.count = torch.zeros(B, G, dtype=torch.long, device=device)  # (rows, G) occurrences so far
         self.last = torch.full((B,), bos, dtype=torch.long, device=device)  # (rows,) each row's last token
 
     # ---- rows ----------------------------------------------------------------------------------
     def select(self, index: Tensor) -> None:
         """Row index[i] becomes row i (the cache's reorder contract)."""
-        self.sent, self.progress_of, self.met, self.last = self.sent[index], self.progress_of[index], self.met[index], self.last[index]
+        self.sent, self.progress_of, self.count, self.last = (self.sent[index], self.progress_of[index], self.count[index],
+                                                              self.last[index])
+
+    @property
+    def met(self) -> Tensor:
+        """(rows, G) groups met as often as needed (a group that does not exist needs 0)."""
+        return self.count >= self.need[self.sent]
 
     def ready(self) -> Tensor:
-        """(rows,) every group met, or waiting only for a word boundary (which EOS gives)."""
-        pending = (self.progress_of == self.lengths[self.sent]) & (self.lengths[self.sent] > 0)  # (rows, A)
-        waiting = torch.zeros_like(self.met).scatter_reduce_(1, self.group[self.sent], pending, "amax")
-        return (self.met | waiting).all(1)
+        """(rows,) every group met, or short of one last occurrence that waits only for a word
+        boundary (which EOS gives)."""
+        lengths = self.lengths[self.sent]
+        pending = self._active() & (self.progress_of == lengths)  # (rows, A)
+        waiting = torch.zeros_like(self.count, dtype=torch.bool).scatter_reduce_(1, self.group[self.sent], pending, "amax")
+        return (self.met | (waiting & (self.need[self.sent] - self.count == 1))).all(1)
 
     # ---- what the next token does ------------------------------------------------------------------
     def _active(self) -> Tensor:
-        """(rows, A) alternatives that exist and whose group is unmet."""
+        """(rows, A) alternatives that exist and whose group is not yet met."""
         return (self.lengths[self.sent] > 0) & ~self.met.gather(1, self.group[self.sent])
 
     def _may_start(self) -> Tensor:
@@ -122,47 +136,83 @@ class ConstraintState:
             return torch.ones_like(self.glued[self.sent])
         return ~self.glued[self.sent] | self.pieces.opens[self.last][:, None]
 
+    def _next(self) -> Tensor:
+        """(rows, A) each alternative's next token at its progress (its last one when complete)."""
+        toks = self.tokens[self.sent]
+        return toks.gather(2, self.progress_of.clamp(max=toks.size(2) - 1)[:, :, None]).squeeze(2)
+
     def wanted(self) -> Tensor:
         """(rows, A) the token that advances each active alternative (its next one), else -1 (none,
         or it waits for a boundary)."""
-        toks = self.tokens[self.sent]  # (rows, A, T)
         p = self.progress_of
-        nxt = toks.gather(2, p.clamp(max=toks.size(2) - 1)[:, :, None]).squeeze(2)
         ok = self._active() & (p < self.lengths[self.sent]) & ((p > 0) | self._may_start())
-        return torch.where(ok, nxt, torch.full_like(nxt, -1))
+        return torch.where(ok, self._next(), torch.full_like(p, -1))
+
+    def banned(self) -> Tensor:
+        """(rows, A) the token that would complete an alternative of a met group once more, else -1;
+        never one that an unmet constraint wants next. A group whose last needed occurrence only
+        waits for its word boundary counts as met here: the token after it must not start a repeat."""
+        p, lengths = self.progress_of, self.lengths[self.sent]
+        group = self.group[self.sent]
+        pending = self._active() & (p == lengths)
+        waiting = torch.zeros_like(self.count).scatter_reduce_(1, group, pending.long(), "amax")
+        done = (self.count + waiting >= self.need[self.sent]).gather(1, group) & (lengths > 0)
+        last = self.tokens[self.sent].gather(2, (lengths - 1).clamp(min=0)[:, :, None]).squeeze(2)
+        again = done & (((lengths == 1) & self._may_start()) | ((lengths > 1) & (p == lengths - 1)))
+        ban = torch.where(again, last, torch.full_like(p, -1))
+        needed = (ban[:, :, None] == self.wanted()[:, None, :]).any(2)
+        return torch.where(needed, torch.full_like(ban, -1), ban)
 
     def _after(self, token: Tensor) -> tuple[Tensor, Tensor]:
-        """Progress (rows, W, A) and met groups (rows, W, G) after each of W candidate tokens (rows, W)."""
+        """Progress (rows, W, A) and occurrences (rows, W, G) after each of W candidate tokens (rows, W)."""
         toks = self.tokens[self.sent]  # (rows, A, T)
         lengths = self.lengths[self.sent][:, None, :]  # (rows, 1, A)
-        active = self._active()[:, None, :]
         p = self.progress_of[:, None, :]
-        nxt = toks.gather(2, self.progress_of.clamp(max=toks.size(2) - 1)[:, :, None]).squeeze(2)[:, None, :]
         t = token[:, :, None]  # (rows, W, 1)
         boundary = ~self.pieces.continues[token][:, :, None] if self.pieces is not None else torch.ones_like(t, dtype=torch.bool)
-        complete = active & (p == lengths) & boundary  # (rows, W, A)
-        advance = (p < lengths) & (t == nxt) & ((p > 0) | self._may_start()[:, None, :])
-        start = (t == toks[:, None, :, 0]) & self._may_start()[:, None, :]  # a restart at this token
-        new = torch.where(advance, p + 1, start.long())
-        met = self.met[:, None, :].expand(-1, token.size(1), -1).clone()  # (rows, W, G)
+        complete = self._active()[:, None, :] & (p == lengths) & boundary  # (rows, W, A)
+        may_start = self._may_start()[:, None, :]
+        advance = (p < lengths) & (t == self._next()[:, None, :]) & ((p > 0) | may_start)
+        start = (t == toks[:, None, :, 0]) & may_start  # a restart at this token
+        new = torch.where(advance, p + 1, start.long()) * (lengths > 0)
         group = self.group[self.sent][:, None, :].expand_as(new)
-        met.scatter_reduce_(2, group, complete.to(met.dtype), "amax")
-        new = torch.where(active & ~met.gather(2, group), new, torch.zeros_like(new))  # a met group's alternatives stop counting
-        return new, met
+        once = torch.zeros(*new.shape[:2], self.count.size(1), dtype=torch.long, device=new.device)
+        once.scatter_reduce_(2, group, complete.long(), "amax")  # one occurrence per group and token
+        return new, self.count[:, None, :] + once
 
     def progress(self, token: Tensor) -> Tensor:
-        """(rows, W) the level of progress after each candidate token (rows, W): the met groups'
-        sizes plus the furthest any unmet alternative has come. (Not the sum over unmet ones: a
-        token that advances one alternative may restart another, and the level must rise whenever
-        the furthest one advances, or the search could circle.)"""
-        new, met = self._after(token)
-        size = self.group_size[self.sent][:, None, :]  # (rows, 1, G)
-        return torch.where(met & self.exists[self.sent][:, None, :], size, torch.zeros_like(size)).sum(2) + new.amax(2)
+        """(rows, W) the level of progress after each candidate token (rows, W): the occurrences met
+        (each its group's size) plus the furthest any alternative of an unmet group has come. (Not a
+        sum over unmet ones: a token that advances one alternative may restart another, and the
+        level must rise whenever the furthest one advances, or the search could circle.)"""
+        new, count = self._after(token)
+        need = self.need[self.sent][:, None, :]
+        size = self.group_size[self.sent][:, None, :]
+        unmet = (count < need).gather(2, self.group[self.sent][:, None, :].expand_as(new))
+        return (torch.minimum(count, need) * size).sum(2) + (new * unmet).amax(2)
 
     def advance(self, token: Tensor) -> None:
         """Rows take their next token (rows,)."""
-        new, met = self._after(token[:, None])
-        self.progress_of, self.met, self.last = new[:, 0], met[:, 0], token
+        new, count = self._after(token[:, None])
+        self.progress_of, self.count, self.last = new[:, 0], count[:, 0], token
+
+
+def _merge(groups: SentenceConstraints) -> list[tuple[list[list[int]], int]]:
+    """A sentence's groups with identical ones merged: (alternatives, times needed)."""
+    out: list[tuple[list[list[int]], int]] = []
+    keys: list[tuple] = []
+    for group in groups:
+        alternatives = [list(a) for a in group if a]
+        if not alternatives:
+            continue
+        key = tuple(sorted({tuple(a) for a in alternatives}))
+        if key in keys:
+            i = keys.index(key)
+            out[i] = (out[i][0], out[i][1] + 1)
+        else:
+            keys.append(key)
+            out.append((alternatives, 1))
+    return out
 
 
 def stripes(scores: Tensor, banks: Tensor, totals: Tensor) -> Tensor:

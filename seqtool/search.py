@@ -291,6 +291,10 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         if constraints is not None:  # no EOS before every constraint is met (unless at the limit)
             waiting = ~constraints.ready() & (max_len0[alive].repeat_interleave(rows) > step)
             lprobs[:, c.eos_id] = torch.where(waiting, torch.full_like(lprobs[:, c.eos_id], NEG_INF), lprobs[:, c.eos_id])
+            ban = constraints.banned()  # (rows, A) what would repeat a met constraint
+            hit = ban >= 0
+            if bool(hit.any()):
+                lprobs[torch.arange(ban.size(0), device=device)[:, None].expand_as(ban)[hit], ban[hit]] = NEG_INF
         full = lprobs
         # Each row's best 2K tokens hold the sentence's best 2K candidates (no row gives more), so
         # the sentence ranks rows x 2K candidates, not rows x V.

@@ -26,9 +26,9 @@ def _contains(tokens, part):
 
 # ---- the search, exactly ------------------------------------------------------------------------
 def test_a_constraint_is_met_by_the_best_scoring_hypothesis_that_has_it():
-    """TABLE's best output is [B]; with A required, the best hypothesis containing A is [A, A, A]
-    (0.5 * 0.8^3), not [A] (0.5 * 0.1): among those that meet the constraint the higher score wins,
-    and its score is the model's own log-probability."""
+    """TABLE's best output is [B]; with A required exactly once, the best hypothesis is [A] (0.5 *
+    0.1; [A, A, A], 0.5 * 0.8^3, repeats it; [B, A, B, B, B] has 0.5 * 0.2 * 0.5^3): among those
+    that meet the constraint the higher score wins, and its score is the model's own log-probability."""
     model = ScriptedModel([TABLE], NO_EOS)
     free = beam_search(model, _src(), beam=3, lenpen=0.0, max_len_b=5)[0][0]
     assert free.tokens == [B]
@@ -36,7 +36,7 @@ def test_a_constraint_is_met_by_the_best_scoring_hypothesis_that_has_it():
         best = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=beam, lenpen=0.0, max_len_b=5), constraints=[[[[A]]]])[0][0]
         assert A in best.tokens
         if beam == 3:
-            assert best.tokens == [A, A, A] and best.score == pytest.approx(math.log(0.5 * 0.8 ** 3))
+            assert best.tokens == [A] and best.score == pytest.approx(math.log(0.5 * 0.1))
     # a constraint the free output meets changes nothing
     kept = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=3, lenpen=0.0, max_len_b=5), constraints=[[[[B]]]])[0][0]
     assert (kept.tokens, kept.score) == (free.tokens, free.score)
@@ -65,6 +65,25 @@ def test_constrained_and_free_sentences_share_a_batch_as_if_alone():
     alone = [search(ScriptedModel([t], NO_EOS), _src(), opts, constraints=[c])[0] for t, c in zip(tables, cons)]
     assert [[(h.tokens, round(h.score, 6)) for h in hs] for hs in batch] == [[(h.tokens, round(h.score, 6)) for h in hs] for hs in alone]
     assert batch[1][0].tokens == beam_search(ScriptedModel([short], NO_EOS), _src(), beam=3, max_len_b=6)[0][0].tokens
+
+
+def test_a_constraint_appears_exactly_once_unless_it_is_given_twice():
+    """With no EOS in sight the model would say A on every step; once A is placed, A again is
+    banned, unless the constraint is given twice (then exactly twice), or another constraint
+    still needs it."""
+    opts = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_b=6)
+    free = search(ScriptedModel([{}], {A: 0.6, B: 0.4}), _src(), opts)[0][0]
+    assert free.tokens.count(A) == 6
+    for groups, times in (([[[A]]], 1), ([[[A]], [[A]]], 2), ([[[A, B]]], 1)):
+        hyps = search(ScriptedModel([{}], {A: 0.6, B: 0.4}), _src(), opts, constraints=[groups])[0]
+        if groups == [[[A, B]]]:
+            counts = [sum(h.tokens[i:i + 2] == [A, B] for i in range(len(h.tokens))) for h in hyps]
+        else:
+            counts = [h.tokens.count(A) for h in hyps]
+        assert counts[0] == times and max(counts) == times, (groups, [h.tokens for h in hyps])  # never more
+    # [A] met, [A B] still needs its A: not banned for it
+    best = search(ScriptedModel([{}], {A: 0.6, B: 0.4}), _src(), opts, constraints=[[[[A]], [[B, A]]]])[0][0]
+    assert _contains(best.tokens, [B, A]) and A in best.tokens
 
 
 def test_a_constraint_longer_than_the_limit_gives_the_best_output_not_a_crash():
