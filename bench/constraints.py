@@ -53,6 +53,11 @@ def used(hyp: str, phrase: str) -> bool:
     return re.search(rf"(?<!\w){re.escape(phrase)}(?!\w)", hyp) is not None
 
 
+def repeated(hyps: list[str], cons: list[list[str]]) -> int:
+    """Constraints that appear more than once (as whole words) in their line's output."""
+    return sum(len(re.findall(rf"(?<!\w){re.escape(p)}(?!\w)", h)) > 1 for h, c in zip(hyps, cons) for p in c)
+
+
 def score(hyps: list[str], refs: list[str]) -> tuple[float, float]:
     return sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score
 
@@ -77,7 +82,7 @@ def seqtool_run(ckpt: Path, srcs: list[str], refs: list[str], threads: int, seed
     fb, fc = score(free, refs)
     cb, cc = score(held, refs)
     fig = {"precision": t.config.precision, "lines": len(srcs), "lines_with_constraints": sum(1 for c in cons if c),
-           "constraints": n, "used": kept, "usage": kept / max(n, 1), "free_bleu": fb, "free_chrf": fc,
+           "constraints": n, "used": kept, "usage": kept / max(n, 1), "repeated": repeated(held, cons), "free_bleu": fb, "free_chrf": fc,
            "bleu": cb, "chrf": cc, "free_sent_s": len(srcs) / free_s, "sent_s": len(srcs) / held_s,
            "speed_ratio": free_s / held_s}
     return fig, cons
@@ -120,6 +125,7 @@ def fairseq_run(work: Path, srcs: list[str], refs: list[str], cons: list[list[st
         if with_constraints:
             n = sum(len(c) for c in cons)
             fig["used"] = sum(used(h, p) for h, c in zip(got, cons) for p in c)
+            fig["repeated"] = repeated(got, cons)
             fig["usage"] = fig["used"] / max(n, 1)
     if "held_s" in fig:
         fig["speed_ratio"] = fig["free_s"] / fig["held_s"]
@@ -175,20 +181,21 @@ def main() -> None:
 
     print(f"\n## constraints, {time.strftime('%Y-%m-%d %H:%M')}, CPU capability {cpu}, {a.threads} threads, beam 5, "
           f"first {a.lines} test lines, 1-3 reference words the free output misses per line\n")
-    print("| data | system | lines with constraints | constraints used | BLEU free / constrained | chrF free / constrained "
-          "| sentences/s free / constrained | speed constrained / free |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| data | system | lines with constraints | constraints used | used more than once | BLEU free / constrained "
+          "| chrF free / constrained | sentences/s free / constrained | speed constrained / free |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for data, system, g in rows:
         if not g:
-            print(f"| {data} | {system} | did not run | | | | | |")
+            print(f"| {data} | {system} | did not run | | | | | | |")
             continue
         if system == "seqtool":
             print(f"| {data} | seqtool ({g['precision']}) | {g['lines_with_constraints']} | {g['used']} / {g['constraints']} "
-                  f"({100 * g['usage']:.2f}%) | {f(g['free_bleu'], 2)} / {f(g['bleu'], 2)} | {f(g['free_chrf'], 2)} / {f(g['chrf'], 2)} "
+                  f"({100 * g['usage']:.2f}%) | {g['repeated']} | {f(g['free_bleu'], 2)} / {f(g['bleu'], 2)} | {f(g['free_chrf'], 2)} / {f(g['chrf'], 2)} "
                   f"| {f(g['free_sent_s'])} / {f(g['sent_s'])} | {g['speed_ratio']:.2f}x |")
         else:
             speed = [f(g["lines"] / g[k]) if k in g else "-" for k in ("free_s", "held_s")]
             print(f"| {data} | {system} | {g['lines_with_constraints']} | {g.get('used', '-')} ({100 * g.get('usage', 0):.2f}%) "
+                  f"| {g.get('repeated', '-')} "
                   f"| {f(g.get('free_bleu'), 2)} / {f(g.get('held_bleu'), 2)} | {f(g.get('free_chrf'), 2)} / {f(g.get('held_chrf'), 2)} "
                   f"| {speed[0]} / {speed[1]} | {f(g.get('speed_ratio'), 2)}x |")
     (a.out / "figures.json").write_text(json.dumps(rows, indent=1))
