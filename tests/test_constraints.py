@@ -17,7 +17,7 @@ from seqtool.errors import InputError
 from seqtool.model import Transformer
 from seqtool.search import beam_search, search
 from seqtool.terms import Glossary, parse_constraints_line
-from test_search import EOS, NO_EOS, TABLE, A, B, ScriptedModel, _src
+from test_search import EOS, NO_EOS, TABLE, A, B, ScriptedModel, _src, real_model  # noqa: F401 (a fixture)
 
 
 def _contains(tokens, part):
@@ -123,15 +123,6 @@ def test_a_phrase_is_met_as_a_whole_word_and_a_glued_form_only_after_an_opening_
 
 
 # ---- properties on a real model -----------------------------------------------------------------
-@pytest.fixture(scope="module")
-def real_model():
-    torch.manual_seed(3)
-    model = Transformer(model_config_for("tiny", vocab_size=50, dropout=0.0)).eval()
-    with torch.no_grad():
-        model.embed.weight.mul_(3.0)
-    return model
-
-
 phrase = st.lists(st.integers(4, 49), min_size=1, max_size=3)
 group = st.lists(phrase, min_size=1, max_size=2)
 
