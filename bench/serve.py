@@ -73,7 +73,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "seqtool", "serve", "-c", str(a.checkpoint), "--port", str(self.port),
                                       "--device", "cpu", "--precision", a.precision, "--threads", str(a.threads),
-                                      "--beam", str(a.beam), "--queue-limit", "100000", *extra],
+                                      "--beam", str(a.beam), "--queue-limit", "100000", *extra, *a.serve_args.split()],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
         deadline = time.time() + 300
@@ -146,6 +146,8 @@ def main() -> int:
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
+    parser.add_argument("--serve-args", default="", help="more `seqtool serve` options for both servers, e.g. '--workers 2 --threads 1'"
+                        " (with --workers, batch figures come from whichever worker answers /metrics)")
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/results.md")
     a = parser.parse_args()
     import torch
@@ -185,7 +187,7 @@ def main() -> int:
     ms = lambda v: "-" if v is None else f"{v * 1000:.0f}"  # noqa: E731
     out = [f"## serve, {when:%Y-%m-%d %H:%M}, commit {commit}{'+dirty' if dirty else ''}, CPU {cpu}, {a.threads} threads, "
            f"{len(lines)} test lines, beam {a.beam}, precision {ref['precision']}, max-wait {a.max_wait_ms:g} ms, "
-           f"checkpoint {a.checkpoint}", "",
+           f"checkpoint {a.checkpoint}" + (f", serve {a.serve_args}" if a.serve_args else ""), "",
            "| run | concurrency | sentences/s | target tokens/s | p50 ms | p95 ms | p99 ms | segments per batch | ms per batch | same as offline |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     out += [f"| {r[0]} | {r[1]} | {r[2]:.1f} | {r[3]:,.0f} | {ms(r[4])} | {ms(r[5])} | {ms(r[6])} | "
