@@ -83,9 +83,10 @@ class HeapTrimmer:
     def active(self) -> bool:
         return self._trim is not None
 
-    def __call__(self, now: float) -> bool:
-        """Trim if `period` seconds have passed since the last trim (now: time.monotonic())."""
-        if self._trim is None or now - self.last < self.period:
+    def __call__(self, now: float, force: bool = False) -> bool:
+        """Trim if `period` seconds have passed since the last trim (now: time.monotonic()), or now
+        when `force` (after a validation and checkpoint save: their blocks are all free then)."""
+        if self._trim is None or (now - self.last < self.period and not force):
             return False
         self._trim(0)
         self.last = now

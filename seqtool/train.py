@@ -369,10 +369,14 @@ class Trainer:
     def _validate_and_save(self) -> str:
         """Validate, update early stopping, save, log; returns "patience" when it says stop."""
         st, cfg = self.state, self.train_config
+        # the heap's free pages go back before and after: validation's batches and the checkpoint's
+        # copies would otherwise land on top of the last updates' churn (the run's peak RSS)
+        self.trim_heap(time.monotonic(), force=True)
         result = self.validate()
         st.last_valid_loss = result.loss
         improved = self.early_stopping.update(result)
         self._save(result, improved)
+        self.trim_heap(time.monotonic(), force=True)
         self.metrics.write({"kind": "valid", "update": st.updates, "epoch": st.epoch, "loss": result.loss,
                             "nll": result.nll, "ppl": result.ppl, "bleu": result.bleu, "chrf": result.chrf,
                             "best_loss": st.best_valid_loss, "best_metric": cfg.best_metric, "best": self.early_stopping.best,
