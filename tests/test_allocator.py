@@ -61,6 +61,8 @@ def test_heap_trimmer_trims_at_most_once_a_period():
     trimmer._trim = lambda pad: calls.append(pad)
     assert [trimmer(t) for t in (10.0, 10.5, 10.99, 11.0, 11.2, 13.0)] == [True, False, False, True, False, True]
     assert calls == [0, 0, 0]  # malloc_trim(0): the free pages inside the heap too, not only its top
+    assert trimmer(13.1, force=True) and trimmer(13.2, force=True)  # validation and checkpoint: at once
+    assert calls == [0] * 5 and trimmer(13.5) is False  # a forced trim starts a new period
 
 
 def test_heap_trimmer_off_is_a_no_op():

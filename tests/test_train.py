@@ -46,6 +46,24 @@ def test_loss_goes_down(data_dir, tmp_path):
     assert valid[-1] < first_train - 1.0 and valid[-1] < valid[0]
 
 
+def test_the_heap_is_trimmed_around_each_validation_and_save(data_dir, tmp_path, monkeypatch):
+    """CPU training hands free heap pages back just before validating and just after the checkpoint
+    is written, whenever the once-a-second trims last ran (the protocol's peak RSS came right there)."""
+    from seqtool import allocator
+    from seqtool.train import Trainer
+
+    events = []
+    monkeypatch.setattr(allocator.HeapTrimmer, "__call__", lambda self, now, force=False: events.append(("trim", force)))
+    validate, save = Trainer.validate, Trainer._save
+    monkeypatch.setattr(Trainer, "validate", lambda self: (events.append("validate"), validate(self))[1])
+    monkeypatch.setattr(Trainer, "_save", lambda self, *a, **k: (events.append("save"), save(self, *a, **k))[1])
+    train(_job(data_dir, tmp_path / "run", max_updates=6, validate_interval_updates=3, device="cpu"))
+    assert events.count("validate") == 2 and events.count(("trim", False)) == 6  # one offer per update
+    for k, e in enumerate(events):
+        if e == "validate":
+            assert events[k - 1] == ("trim", True) and events[k + 1:k + 3] == ["save", ("trim", True)]
+
+
 def test_epoch_and_time_limits(data_dir, tmp_path):
     r = train(_job(data_dir, tmp_path / "a", max_epochs=1))
     assert r.stopped_by == "max-epochs" and r.epochs == pytest.approx(1.0)
