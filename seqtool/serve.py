@@ -23,6 +23,7 @@ accepting, answers what is in flight, then the runner stops.
 
 import asyncio
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -359,4 +360,8 @@ def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config
     app = create_app(checkpoints, decode, config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                            timeout_graceful_shutdown=int(config.request_timeout) + 5))
+    missing = [name for name in ("httptools", "uvloop") if importlib.util.find_spec(name) is None]
+    if missing:  # uvicorn falls back to its pure-Python parser / asyncio's loop
+        log.info(f"{' and '.join(missing)} not installed: uvicorn runs its pure-Python fallbacks, which take more "
+                 f"CPU time per request (pip install 'seqtool[serve]' installs them)")
     server.run(sockets=sockets)
