@@ -58,15 +58,16 @@ def keep_freed_memory() -> bool:
 
 class HeapTrimmer:
     """Training on CPU: hand the heap's free pages back to the system between updates, at most once
-    every `period` seconds (glibc only; elsewhere a no-op).
+    every `period` seconds (glibc only; elsewhere a no-op), and at once after each validation and
+    checkpoint save.
 
     Every update frees and allocates the step's activations (blocks of 1-16 MB whose sizes change
-    with each batch's shape). glibc keeps what is freed in the heap, and as the sizes shift the
-    heap fragments: in a cpu-small bf16 run the heap held ~900 MB free beside ~500 MB in use after
-    a minute, and it kept growing over twenty (peak RSS 2,593 MiB against fairseq's 1,657).
-    malloc_trim(0) returns the free pages inside the heap (madvise), not just its top. The cost is
-    that the next update faults those pages in again, so it is rationed by time; measured figures
-    are in bench/results.md."""
+    with each batch's shape). malloc_trim(0) returns the free pages inside the heap (madvise), not
+    just its top. The cost is that the next update faults those pages in again: trimming every
+    second cost a cpu-small bf16 run ~20% of its tokens/s (89,000 page faults an update). The
+    heap growth it was fighting (peak RSS 2,593 MiB against fairseq's 1,657 over twenty minutes)
+    turned out to be ideep's LRU cache, now capped (kernels.limit_primitive_cache); with it capped,
+    the heap stays flat untrimmed, so training trims once a minute. Figures in bench/results.md."""
 
     def __init__(self, period: float):
         self.period = period

@@ -37,7 +37,7 @@ from .savedir import RunFiles
 __all__ = ["RawData", "TrainJob", "TrainResult", "Trainer", "train"]  # the job's types, for callers of train()
 from .update import autocast as autocast_for
 
-HEAP_TRIM_SECONDS = 1.0  # CPU training: at most one heap trim a second (allocator.HeapTrimmer)
+HEAP_TRIM_SECONDS = 60.0  # CPU training: at most one heap trim a minute (allocator.HeapTrimmer; each costs re-faulted pages)
 
 
 class Trainer:

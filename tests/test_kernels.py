@@ -37,15 +37,19 @@ def test_other_layers_and_autocast_take_the_module_path():
     assert lin.linear(x.double(), doubled).dtype == torch.float64
 
 
-def test_training_caps_onednn_primitive_cache_but_a_user_setting_wins(monkeypatch):
+def test_training_caps_onednn_and_ideep_caches_but_a_user_setting_wins(monkeypatch):
     from seqtool.kernels import limit_primitive_cache
 
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
     limit_primitive_cache()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "64"
+    assert os.environ["LRU_CACHE_CAPACITY"] == "64"
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "7")
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "9")
     limit_primitive_cache()
     assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "7"
+    assert os.environ["LRU_CACHE_CAPACITY"] == "9"
 
 
 def test_linear_relu_fuses_the_relu_into_the_matrix_product_and_gives_the_same_numbers(monkeypatch):
