@@ -152,8 +152,11 @@ def test_health_models_and_metrics(server):
     from prometheus_client.parser import text_string_to_metric_families
 
     families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{server.url}/metrics").text)}
-    assert {"seqtool_requests", "seqtool_request_seconds", "seqtool_batch_segments", "seqtool_queue_segments",
-            "seqtool_target_tokens"} <= set(families)
+    assert {"seqtool_requests", "seqtool_request_seconds", "seqtool_batch_segments", "seqtool_batch_seconds",
+            "seqtool_queue_segments", "seqtool_target_tokens"} <= set(families)
+    count = {f.name: next(s.value for s in f.samples if s.name.endswith("_count"))
+             for f in families.values() if f.name in ("seqtool_batch_segments", "seqtool_batch_seconds")}
+    assert count["seqtool_batch_seconds"] == count["seqtool_batch_segments"]  # every batch timed
     assert "<title>seqtool</title>" in httpx.get(f"{server.url}/").text
     assert httpx.get(f"{server.url}/openapi.json").json()["paths"].keys() >= {"/translate", "/v1/translate"}
 
