@@ -116,13 +116,25 @@ class LockstepLines:
             raise InputError(f"{self.path} has more lines than the {count} of {self.source_name}; {self.option} needs {self.needs}")
 
 
-def open_stdin() -> BinaryIO:
-    """Standard input as bytes; a closed stdin (`<&-`) is a clear error, a terminal gets a hint."""
+def open_stdin(unbuffered: bool = False) -> BinaryIO:
+    """Standard input as bytes; a closed stdin (`<&-`) is a clear error, a terminal gets a hint.
+    unbuffered: a raw reader of the same descriptor, for a reading thread (see below)."""
     if sys.stdin is None or sys.stdin.closed:
         raise InputError("<stdin>: standard input is closed; pipe text in or give an input file")
     if sys.stdin.isatty():
         log.info("reading from the terminal: type lines, end with Ctrl-D (or give an input file)")
-    return sys.stdin.buffer
+    if not unbuffered:
+        return sys.stdin.buffer
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):  # (io.UnsupportedOperation) a stdin without a descriptor, e.g. in-process tests
+        return sys.stdin.buffer
+    # Unbuffered, on the same descriptor: translate reads stdin in a daemon thread (linereader),
+    # which may sit in a read when the process exits (Ctrl-C mid-stream). Blocked inside
+    # sys.stdin.buffer it would hold that object's lock, and Python's exit-time flush of stdin
+    # then aborts the process ("Fatal Python error: _enter_buffered_busy", SIGABRT) instead of
+    # exiting 130. A raw FileIO has no such lock; its read(n) returns what a pipe holds, as read1.
+    return open(fd, "rb", buffering=0, closefd=False)
 
 
 def check_output_file(path: Path, inputs: Sequence[tuple[str, Optional[Path]]] = (), option: str = "--output") -> None:

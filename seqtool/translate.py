@@ -363,7 +363,7 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
     if input_path is not None:
         stream, name = open_binary(input_path), str(input_path)
     else:
-        stream, name = open_stdin(), "<stdin>"
+        stream, name = open_stdin(unbuffered=True), "<stdin>"  # read by LineReader's thread
     paired = [(Path(f), o) for f, o in ((config.target, "--score-reference"), (config.target_prefix, "--target-prefix"),
                                         (config.constraints, "--constraints")) if f]
     for second, option in paired:  # files read line for line with the input
