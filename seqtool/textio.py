@@ -127,7 +127,7 @@ def open_stdin(unbuffered: bool = False) -> BinaryIO:
         return sys.stdin.buffer
     try:
         fd = sys.stdin.fileno()
-    except (OSError, ValueError):  # (io.UnsupportedOperation) a stdin without a descriptor, e.g. in-process tests
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation) a stdin without a descriptor (in-process)
         return sys.stdin.buffer
     # Unbuffered, on the same descriptor: translate reads stdin in a daemon thread (linereader),
     # which may sit in a read when the process exits (Ctrl-C mid-stream). Blocked inside
