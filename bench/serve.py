@@ -147,13 +147,10 @@ def histogram_median(counts: dict[str, float]) -> Optional[float]:
     if not bounds or bounds[-1][1] <= 0:
         return None
     half, lower, below = bounds[-1][1] / 2, 0.0, 0.0
-    for upper, cumulative in bounds:
-        if cumulative >= half:
-            if math.isinf(upper):
-                return lower
-            return lower + (upper - lower) * (half - below) / max(cumulative - below, 1e-12)
+    for upper, cumulative in bounds:  # the +Inf bucket holds every observation: the loop returns
+        if cumulative >= half:  # (so cumulative > below: the bucket before stopped short of half)
+            return lower if math.isinf(upper) else lower + (upper - lower) * (half - below) / (cumulative - below)
         lower, below = upper, cumulative
-    return lower
 
 
 def main() -> int:
