@@ -55,7 +55,7 @@ def offline(a, lines: list[str]) -> dict:
 
     from seqtool import Translator
 
-    t = Translator.load(a.checkpoint, beam=a.beam, device="cpu", precision=a.precision, threads=a.threads)
+    t = Translator.load(a.checkpoint, beam=a.beam, device="cpu", precision=a.precision, quantize=a.quantize, threads=a.threads)
     t.translate(lines[:16])  # warm-up
     t0 = time.perf_counter()
     out = list(t.translate_stream(lines))
@@ -64,7 +64,7 @@ def offline(a, lines: list[str]) -> dict:
     log(f"offline: {len(lines) / seconds:.1f} sentences/s, {tokens / seconds:,.0f} target tokens/s "
         f"(precision {t.config.precision}, {torch.get_num_threads()} threads)")
     return {"texts": [x.texts[0] if x.texts else "" for x in out], "seconds": seconds, "tokens": tokens,
-            "precision": t.config.precision}
+            "precision": t.config.precision if a.quantize == "none" else f"{a.quantize} (--quantize)"}
 
 
 class Server:
@@ -74,7 +74,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "seqtool", "serve", "-c", str(a.checkpoint), "--port", str(self.port),
-                                      "--device", "cpu", "--precision", a.precision, "--threads", str(a.threads),
+                                      "--device", "cpu", "--precision", a.precision, "--quantize", a.quantize, "--threads", str(a.threads),
                                       "--beam", str(a.beam), "--queue-limit", "100000", *extra, *a.serve_args.split()],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env=dict(os.environ, OMP_NUM_THREADS=str(a.threads)))
@@ -162,6 +162,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--precision", default="auto")
+    parser.add_argument("--quantize", default="none", help="none or int8 (with --precision auto or fp32)")
     parser.add_argument("--max-wait-ms", type=float, default=10.0)
     parser.add_argument("--serve-args", default="", help="more `seqtool serve` options for both servers, e.g. '--workers 2 --threads 1'"
                         " (with --workers, batch figures come from whichever worker answers /metrics)")
