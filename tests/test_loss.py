@@ -127,6 +127,45 @@ def test_bf16_activations_with_float32_weights_give_float32_weight_gradients(blo
     torch.testing.assert_close(feats.grad.float(), ref_feats.grad, atol=3e-2, rtol=3e-2)
 
 
+def test_bf16_loss_stays_exact_when_the_target_probability_underflows(blocks):
+    # the bf16 path keeps its 16-bit logits; rows whose target probability underflows take their
+    # log-sum-exp from them, so the loss is that of the bf16 logits (computed here in float64)
+    torch.manual_seed(0)
+    out = torch.nn.Linear(8, 13, bias=False)
+    feats = torch.randn(2, 3, 8).to(torch.bfloat16)
+    with torch.no_grad():
+        out.weight[5] += 40.0 * feats[0, 0].float()
+    target = torch.tensor([[6, 6, 7], [4, 12, 3]])
+    with torch.no_grad():
+        loss, nll, _ = label_smoothed_nll(feats, out, target, 0, 0.0)
+        logits = (feats.view(-1, 8) @ out.weight.to(torch.bfloat16).t()).double()  # the bf16 products, exactly
+        ref = torch.nn.functional.cross_entropy(logits, target.view(-1), reduction="sum")
+    assert float(nll) > 100
+    assert float(nll) == pytest.approx(float(ref), rel=1e-5)
+    assert float(loss) == pytest.approx(float(ref), rel=1e-5)
+
+
+def test_reused_block_buffers_leave_no_trace_between_calls(blocks):
+    # the blocks' buffers outlive a call (loss.py's _scratch): a larger call, then a smaller one,
+    # then the larger again give what fresh buffers give
+    torch.manual_seed(2)
+    out = torch.nn.Linear(16, 40, bias=False)
+    calls = [(torch.randn(6, 9, 16), torch.randint(1, 40, (6, 9))), (torch.randn(2, 3, 16), torch.randint(1, 40, (2, 3)))]
+    for dtype in (torch.bfloat16, torch.float32):
+        results = []
+        for feats, target in calls + calls[:1]:
+            f = feats.to(dtype).requires_grad_()
+            loss, nll, _ = label_smoothed_nll(f, out, target, 0, 0.1)
+            results.append((loss.item(), nll.item(), torch.autograd.grad(loss, (f, out.weight))))
+        assert results[0][:2] == results[2][:2]
+        for a, b in zip(results[0][2], results[2][2]):
+            assert torch.equal(a, b)
+        loss_mod._SCRATCH.clear()  # fresh buffers give the same numbers
+        f = calls[1][0].to(dtype).requires_grad_()
+        loss, nll, _ = label_smoothed_nll(f, out, calls[1][1], 0, 0.1)
+        assert (loss.item(), nll.item()) == results[1][:2]
+
+
 def test_block_rows_fill_the_byte_budget_in_multiples_of_64():
     assert loss_mod.block_rows(8000) == (16 << 20) // (4 * 8000) // 64 * 64
     assert loss_mod.block_rows(8000) % 64 == 0
