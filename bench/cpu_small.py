@@ -170,12 +170,16 @@ def decode_only(ckpt, src, beam, threads, precision, hyp_out, json_out) -> None:
     ntok = sum(len(translator.tokenizer.encode(h)) + 1 for h in hyps)  # pieces + EOS
     Path(hyp_out).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     Path(json_out).write_text(json.dumps({"sentences": len(hyps), "target_tokens_incl_eos": ntok, "decode_seconds": round(sec, 3),
+                                          "precision": translator.config.precision,
                                           "sentences_per_s": round(len(hyps) / sec, 2), "tokens_per_s": round(ntok / sec, 1),
                                           "load_seconds": round(load_s, 3)}))
 
 
-def seqtool_decode(a, W: Path, prec: str, beam: int, env: dict) -> dict:
-    ck, logs, name = W / f"ckpt-{prec}" / "best.pt", W / "logs", f"{prec}-b{beam}"
+def seqtool_decode(a, W: Path, prec: str, beam: int, env: dict, decode_precision: str = "") -> dict:
+    """Decode the test set with the model trained in `prec` (in --decode-precision, or `decode_precision`)."""
+    decode_precision = decode_precision or a.decode_precision
+    ck, logs = W / f"ckpt-{prec}" / "best.pt", W / "logs"
+    name = f"{prec}-b{beam}" + ("" if decode_precision == a.decode_precision else f"-{decode_precision}")
     if not ck.exists():
         log(f"decode {name}: no {ck}, skipped")
         FAILURES.append(f"decode-{name} (no best.pt)")
@@ -184,10 +188,10 @@ def seqtool_decode(a, W: Path, prec: str, beam: int, env: dict) -> dict:
     r: dict = {}
     cli = run(f"translate-{name}", [sys.executable, "-m", "seqtool", "translate", "-c", ck, "--input", test_src, "--output", hyp,
                                     "--beam", beam, "--lenpen", 1.0, "--batch-size", 64, "--max-len-a", 0, "--max-len-b", 200,
-                                    "--device", "cpu", "--precision", a.decode_precision, "--threads", a.threads], logs, env)
+                                    "--device", "cpu", "--precision", decode_precision, "--threads", a.threads], logs, env)
     r.update(process_wall_s=cli["wall_s"], peak_rss_mib=cli.get("peak_rss_mib"), ok=cli["ok"])
     inproc = run(f"decode-call-{name}", [sys.executable, Path(__file__).resolve(), "--_decode-only", ck, test_src, beam, a.threads,
-                                         a.decode_precision, W / f"{hyp.name}.inproc", W / f"decode-{name}.json"], logs, env)
+                                         decode_precision, W / f"{hyp.name}.inproc", W / f"decode-{name}.json"], logs, env)
     if inproc["ok"]:
         r.update(read_json(W / f"decode-{name}.json") or {}, decode_call_peak_rss_mib=inproc.get("peak_rss_mib"))
         if hyp.exists():
@@ -289,6 +293,9 @@ def table(cols: dict) -> str:
             row("test BLEU / chrF, beam 1", lambda c: f"{f(b(c, 'b1').get('bleu'), 2)} / {f(b(c, 'b1').get('chrf'), 2)}"),
             row("beam 5: sentences/s, target tokens/s (decode call)", lambda c: f"{f(b(c, 'b5').get('sentences_per_s'), 1)}, {f(b(c, 'b5').get('tokens_per_s'))}"),
             row("beam 1: sentences/s, target tokens/s (decode call)", lambda c: f"{f(b(c, 'b1').get('sentences_per_s'), 1)}, {f(b(c, 'b1').get('tokens_per_s'))}"),
+            row("beam 5 in seqtool's `--precision auto`: its choice; sentences/s, target tokens/s; BLEU", lambda c: "—" if not b(c, "b5auto") else
+                f"{b(c, 'b5auto').get('precision', '?')}; {f(b(c, 'b5auto').get('sentences_per_s'), 1)}, {f(b(c, 'b5auto').get('tokens_per_s'))}; "
+                f"{f(b(c, 'b5auto').get('bleu'), 2)}"),
             row("whole process wall, beam 5 / beam 1 (s)", lambda c: f"{f(b(c, 'b5').get('process_wall_s'), 1)} / {f(b(c, 'b1').get('process_wall_s'), 1)}"),
             row("peak RSS decoding, beam 5 / beam 1 (MiB)", lambda c: f"{f(b(c, 'b5').get('peak_rss_mib'))} / {f(b(c, 'b1').get('peak_rss_mib'))}"),
             row("tokenizer / binarize wall (s)", lambda c: f"{f(prep(c, 'tokenizer').get('wall_s'), 1)} / {f(prep(c, 'binarize').get('wall_s'), 1)}")]
@@ -296,7 +303,9 @@ def table(cols: dict) -> str:
         same = lambda c: c is fs
         rows += [row("ratio seqtool/fairseq: train tokens/s", lambda c: "—" if same(c) else ratio(c.get("train_tokens_per_s"), fs.get("train_tokens_per_s"))),
                  row("ratio seqtool/fairseq: decode tokens/s, beam 5 / beam 1", lambda c: "—" if same(c) else
-                     f"{ratio(b(c, 'b5').get('tokens_per_s'), b(fs, 'b5').get('tokens_per_s'))} / {ratio(b(c, 'b1').get('tokens_per_s'), b(fs, 'b1').get('tokens_per_s'))}")]
+                     f"{ratio(b(c, 'b5').get('tokens_per_s'), b(fs, 'b5').get('tokens_per_s'))} / {ratio(b(c, 'b1').get('tokens_per_s'), b(fs, 'b1').get('tokens_per_s'))}"),
+                 row("ratio seqtool/fairseq: decode tokens/s, beam 5 in seqtool's `--precision auto`", lambda c: "—" if same(c) else
+                     ratio(b(c, 'b5auto').get('tokens_per_s'), b(fs, 'b5').get('tokens_per_s')))]
     return "\n".join(rows)
 
 
@@ -381,6 +390,8 @@ def main() -> int:
         fig["prep"] = prep
         for beam in (5, 1):
             fig[f"b{beam}"] = seqtool_decode(a, W, prec, beam, env)
+        if a.decode_precision != "auto":  # also what a user's `translate` decodes in on this CPU
+            fig["b5auto"] = seqtool_decode(a, W, prec, 5, env, "auto")
         summary["seqtool"][prec] = fig
     if a.default_recipe:
         fig = seqtool_train_defaults(a, W, env)
