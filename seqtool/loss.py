@@ -63,10 +63,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         low = h.dtype != torch.float32
         V, D = weight.shape
         w = _scratch("w", (V, D), h.dtype, h.device).copy_(weight) if low else weight.to(h.dtype)
-        w_t = (_scratch("w_t", (D, V), h.dtype, h.device) if low else torch.empty(D, V, dtype=h.dtype, device=h.device)
-               ).copy_(w.t()) if want_grad else None  # (D, V), for g @ W
+        w_t = None  # (D, V), for g @ W
+        if want_grad:
+            w_t = _scratch("w_t", (D, V), h.dtype, h.device).copy_(w.t()) if low else w.t().contiguous()
         b = bias.to(h.dtype) if bias is not None else None
-        N, rows = h.size(0), block_rows(weight.size(0))
+        N, rows = h.size(0), block_rows(V)
         loss = h.new_zeros((), dtype=torch.float32)
         nll = h.new_zeros((), dtype=torch.float32)
         if want_grad:
@@ -81,15 +82,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for r0 in range(0, N, rows):
             hc, y = h[r0:r0 + rows], target[r0:r0 + rows]  # (n, D), (n,)
             n = hc.size(0)
-            if low:
-                z = torch.mm(hc, w.t(), out=logits16[:n])  # (n, V)
-                if b is not None:
-                    z += b
-                p = probs[:n].copy_(z)  # float32 logits
-            else:
-                z = p = matmul_t(hc, w)  # (n, V), softmaxed in place below
-                if b is not None:
-                    z += b
+            z = torch.mm(hc, w.t(), out=logits16[:n]) if low else matmul_t(hc, w)  # (n, V)
+            if b is not None:
+                z += b
+            p = probs[:n].copy_(z) if low else z  # float32 logits, softmaxed in place below
             z_y = z.gather(1, y[:, None]).squeeze(1).float()  # (n,)
             torch.softmax(p, dim=-1, out=p)  # (n, V) probabilities in float32
             p_y = p.gather(1, y[:, None]).squeeze(1)  # (n,)
