@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from .config import ServeConfig, field_info
 from .errors import ConfigError
 from .exits import handles_user_errors
 
@@ -248,21 +249,38 @@ def translate(
         translate_file(checkpoints, config, input, handle)
 
 
+def _serve_option(name: str, *flags: str):
+    """A `serve` option for ServeConfig's field `name`: its help (and, below, its default) from the field."""
+    return typer.Option(*(flags or ("--" + name.replace("_", "-"),)), help=field_info(ServeConfig, name)["help"])
+
+
+def _serve_default(name: str):
+    return field_info(ServeConfig, name)["default"]
+
+
 @app.command()
 @handles_user_errors
 def serve(
     *,
     checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="best.pt from seqtool train; several for an ensemble.")],
-    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 5000,
-    max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="Source tokens of pending segments decoded together.")] = 4096,
-    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="The longest the oldest pending segment waits for others to join its batch.")] = 10.0,
-    queue_limit: Annotated[int, typer.Option("--queue-limit", help="Pending segments; beyond, requests get 503 with Retry-After.")] = 4096,
-    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds before a request gets 504 (its pending segments dropped).")] = 60.0,
-    max_lines: Annotated[int, typer.Option("--max-lines", help="Segments per request (413 beyond).")] = 256,
-    max_chars: Annotated[int, typer.Option("--max-chars", help="Characters per request (413 beyond).")] = 100_000,
-    alignments: Annotated[bool, typer.Option("--alignments", help="Answer alignment requests of /v1/translate.")] = False,
-    workers: Annotated[int, typer.Option("--workers", help="Server processes on the port, one model each (threads split among them).")] = 1,
+    host: Annotated[str, _serve_option("host")] = _serve_default("host"),
+    port: Annotated[int, _serve_option("port")] = _serve_default("port"),
+    max_batch_tokens: Annotated[int, _serve_option("max_batch_tokens")] = _serve_default("max_batch_tokens"),
+    max_wait_ms: Annotated[float, _serve_option("max_wait_ms")] = _serve_default("max_wait_ms"),
+    queue_limit: Annotated[int, _serve_option("queue_limit")] = _serve_default("queue_limit"),
+    request_timeout: Annotated[float, _serve_option("request_timeout")] = _serve_default("request_timeout"),
+    max_lines: Annotated[int, _serve_option("max_lines")] = _serve_default("max_lines"),
+    max_chars: Annotated[int, _serve_option("max_chars")] = _serve_default("max_chars"),
+    max_beam: Annotated[int, _serve_option("max_beam")] = _serve_default("max_beam"),
+    max_nbest: Annotated[int, _serve_option("max_nbest")] = _serve_default("max_nbest"),
+    max_len: Annotated[int, _serve_option("max_len")] = _serve_default("max_len"),
+    max_glossary: Annotated[int, _serve_option("max_glossary")] = _serve_default("max_glossary"),
+    max_constraints: Annotated[int, _serve_option("max_constraints")] = _serve_default("max_constraints"),
+    api_keys: Annotated[Optional[Path], _serve_option("api_keys")] = None,
+    req_limit: Annotated[int, _serve_option("req_limit")] = _serve_default("req_limit"),
+    cors: Annotated[Optional[list[str]], typer.Option("--cors", help="An origin allowed to call the API from a browser (repeat for more; * for any); none by default.")] = None,
+    alignments: Annotated[bool, _serve_option("alignments")] = _serve_default("alignments"),
+    workers: Annotated[int, _serve_option("workers")] = _serve_default("workers"),
     beam: Annotated[int, typer.Option("--beam", "-b", help="Default beam size (a request may ask for another).")] = 5,
     lenpen: Annotated[float, typer.Option("--lenpen", help="Default length penalty.")] = 1.0,
     max_len_a: Annotated[float, typer.Option("--max-len-a", help="Default max output length = a * source length + b.")] = 0.0,
@@ -274,17 +292,19 @@ def serve(
     threads: Threads = 0,
 ):
     """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
-    from .config import DecodeConfig, ServeConfig
+    from .config import DecodeConfig
 
     decode = DecodeConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
                           device=device, precision=precision, quantize=quantize, threads=threads)
     config = ServeConfig(host=host, port=port, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                          queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
-                         alignments=alignments, workers=workers)
+                         max_beam=max_beam, max_nbest=max_nbest, max_len=max_len, max_glossary=max_glossary,
+                         max_constraints=max_constraints, api_keys=str(api_keys) if api_keys else "", req_limit=req_limit,
+                         cors=",".join(cors or []), alignments=alignments, workers=workers)
     if workers > 1:
-        from .servepool import run
+        from .serving.pool import run
     else:
-        from .serve import serve as run
+        from .serving.server import serve as run
     run(checkpoint[0] if len(checkpoint) == 1 else checkpoint, decode, config)
 
 

@@ -8,6 +8,7 @@ data: ``to_dict`` gives JSON/TOML-safe values, ``from_dict`` rejects unknown key
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, FieldError
 
 
 class _Config:
@@ -82,56 +83,119 @@ def _describe(hint: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "nothing"}.get(hint, str(hint))
 
 
-def _check(condition: bool, message: str) -> None:
-    if not condition:
-        raise ConfigError(message)
+INT64 = 2 ** 63
+
+
+def setting(default: Any, help: str = "", *, ge: Any = None, gt: Any = None, le: Any = None, lt: Any = None,
+            option: str = "") -> Any:
+    """A config field with what every front end needs to know of it, declared once: its default,
+    its help, its bounds (every number must also be finite and, for an int, fit int64) and, where
+    the command line names it otherwise than --field-name, its option."""
+    return field(default=default, metadata={"help": help, "ge": ge, "gt": gt, "le": le, "lt": lt, "option": option})
+
+
+def field_info(cls, name: str) -> dict[str, Any]:
+    """A field's metadata (help, bounds, option) and its default: what the CLI and the server's
+    request models take from it."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return {"help": "", "ge": None, "gt": None, "le": None, "lt": None, "option": "", **f.metadata, "default": f.default}
+
+
+def _options(cls) -> dict[str, str]:
+    """How the command line names each field: its `option`, else the class's naming."""
+    return {f.name: f.metadata.get("option") or cls.NAMING.format(f.name.replace("_", "-") if cls.NAMING.startswith("--") else f.name)
+            for f in fields(cls)}
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int) and abs(value) >= 2 ** 16 and value & (value - 1) == 0:
+        return f"2^{value.bit_length() - 1}"
+    return f"{value:.3g}" if isinstance(value, int) and abs(value) >= 10 ** 15 else f"{value:,}" if isinstance(value, int) and abs(value) >= 10_000 else str(value)
+
+
+def _check_bounds(config) -> None:
+    """Every numeric field finite and within its declared bounds: one FieldError naming it."""
+    for f in fields(config):
+        value = getattr(config, f.name)
+        for v in value if isinstance(value, tuple) else (value,):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            problem = None
+            m = f.metadata
+            low = (m["ge"], ">=") if m.get("ge") is not None else (m["gt"], ">") if m.get("gt") is not None else None
+            high = (m["le"], "<=") if m.get("le") is not None else (m["lt"], "<") if m.get("lt") is not None else None
+            if isinstance(v, float) and not math.isfinite(v):
+                problem = "a finite number"
+            elif not ((low is None or (v >= low[0] if low[1] == ">=" else v > low[0])) and
+                      (high is None or (v <= high[0] if high[1] == "<=" else v < high[0]))):
+                if low and high:
+                    problem = f"in {'[' if low[1] == '>=' else '('}{_number(low[0])}, {_number(high[0])}{']' if high[1] == '<=' else ')'}"
+                else:
+                    problem = " ".join((bound := low or high)[1:] + (_number(bound[0]),))
+            elif isinstance(v, int) and not -INT64 <= v < INT64:
+                problem = "in [-2^63, 2^63)"
+            if problem:
+                raise FieldError(f"`{f.name}` must be {problem}, got {_number(v)}", _options(type(config)))
+
+
+class _Validated(_Config):
+    """Bounds first (declared with each field), then the config's own rules across fields."""
+
+    NAMING: typing.ClassVar[str] = "--{}"  # a field without an option of its own: --field-name
+
+    def __post_init__(self):
+        _check_bounds(self)
+        self.validate()
+
+    def validate(self) -> None:
+        pass
+
+    def _check(self, condition: bool, template: str) -> None:
+        """A rule across fields: its message names them in backquotes (`beam`) for FieldError."""
+        if not condition:
+            raise FieldError(template, _options(type(self)))
 
 
 @dataclass(frozen=True)
-class TokenizerConfig(_Config):
-    vocab_size: int = 8000
+class TokenizerConfig(_Validated):
+    vocab_size: int = setting(8000, ge=8, lt=2 ** 31)
     model_type: str = "bpe"
-    character_coverage: float = 1.0
+    character_coverage: float = setting(1.0, gt=0.0, le=1.0)
     # sentencepiece keeps a uniform sample of this many lines (seeded), so memory is bounded by the
     # setting, not by the corpus; 0 = every line
-    input_sentence_size: int = 1_000_000
+    input_sentence_size: int = setting(1_000_000, ge=0)
     byte_fallback: bool = False
-    threads: int = 2
-    seed: int = 1
+    threads: int = setting(2, ge=1, le=1024)
+    seed: int = setting(1, ge=0, lt=2 ** 32)
 
-    def __post_init__(self):
-        _check(self.vocab_size >= 8, f"--vocab-size must be at least 8, got {self.vocab_size}")
-        _check(self.model_type in ("bpe", "unigram"), f"--model-type must be bpe or unigram, got {self.model_type!r}")
-        _check(0.0 < self.character_coverage <= 1.0, f"--character-coverage must be in (0, 1], got {self.character_coverage}")
-        _check(self.input_sentence_size >= 0, "--input-sentence-size must be >= 0")
+    def validate(self):
+        self._check(self.model_type in ("bpe", "unigram"), f"`model_type` must be bpe or unigram, got {self.model_type!r}")
 
 
 @dataclass(frozen=True)
-class ModelConfig(_Config):
-    vocab_size: int = 8000
-    d_model: int = 256
-    n_heads: int = 4
-    d_ff: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    max_positions: int = 1024
+class ModelConfig(_Validated):
+    NAMING: typing.ClassVar[str] = "model.{}"  # most have no option: named as in the checkpoint and TOML file
+    vocab_size: int = setting(8000, ge=1, lt=2 ** 31)
+    d_model: int = setting(256, ge=1, le=2 ** 16)
+    n_heads: int = setting(4, ge=1, le=2 ** 10)
+    d_ff: int = setting(1024, ge=1, le=2 ** 18)
+    encoder_layers: int = setting(3, ge=1, le=1024)
+    decoder_layers: int = setting(3, ge=1, le=1024)
+    dropout: float = setting(0.1, ge=0.0, lt=1.0, option="--dropout")
+    attention_dropout: float = setting(0.0, ge=0.0, lt=1.0)
+    activation_dropout: float = setting(0.0, ge=0.0, lt=1.0)
+    max_positions: int = setting(1024, ge=2, le=2 ** 20)
     pre_norm: bool = False  # post-norm, as in the paper
     tie_embeddings: bool = True  # one joint vocabulary: source, target and output share weights
-    pad_id: int = 0
-    bos_id: int = 2
-    eos_id: int = 3
+    pad_id: int = setting(0, ge=0)
+    bos_id: int = setting(2, ge=0)
+    eos_id: int = setting(3, ge=0)
 
-    def __post_init__(self):
-        _check(self.d_model % self.n_heads == 0, f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
-        _check(self.encoder_layers >= 1 and self.decoder_layers >= 1, "need at least one encoder and one decoder layer")
-        for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, name)
-            _check(0.0 <= value < 1.0, f"{name} must be in [0, 1), got {value}")
-        _check(self.max_positions >= 2, "max_positions must be >= 2")
-        _check(self.vocab_size > max(self.pad_id, self.bos_id, self.eos_id), "vocab_size too small for the special ids")
+    def validate(self):
+        self._check(self.d_model % self.n_heads == 0, f"`d_model` {self.d_model} is not divisible by `n_heads` {self.n_heads}")
+        self._check(self.vocab_size > max(self.pad_id, self.bos_id, self.eos_id), "`vocab_size` too small for the special ids")
 
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -143,150 +207,138 @@ PRESETS: dict[str, dict[str, int]] = {
 
 
 @dataclass(frozen=True)
-class OptimConfig(_Config):
-    lr: float = 1e-3  # the peak
+class OptimConfig(_Validated):
+    lr: float = setting(1e-3, gt=0.0, le=100.0)  # the peak
     # linear warmup from 0 over N updates (at most 10% of a horizon), or over a share 0 < F < 1 of it
-    warmup: float = 1000
+    warmup: float = setting(1000, ge=0)
     # auto: linear decay to 0 at the horizon when the run has one, else inverse-sqrt (schedule.py)
     lr_schedule: str = "auto"
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    clip_norm: float = 1.0  # 0 disables clipping
-    label_smoothing: float = 0.1
+    betas: tuple[float, float] = setting((0.9, 0.98), ge=0.0, lt=1.0)
+    eps: float = setting(1e-8, gt=0.0, le=1.0)
+    weight_decay: float = setting(0.0, ge=0.0, le=100.0)
+    clip_norm: float = setting(1.0, ge=0.0)  # 0 disables clipping
+    label_smoothing: float = setting(0.1, ge=0.0, lt=1.0)
 
-    def __post_init__(self):
+    def validate(self):
         object.__setattr__(self, "betas", tuple(self.betas))
-        _check(self.lr > 0, f"--lr must be > 0, got {self.lr}")
-        _check(self.warmup >= 0, f"--warmup must be >= 0 (updates, or a share of the horizon below 1), got {self.warmup}")
-        _check(self.warmup < 1 or float(self.warmup).is_integer(),
-               f"--warmup is a number of updates or a share of the horizon below 1, got {self.warmup}")
-        _check(self.lr_schedule in ("auto", "inverse-sqrt", "linear", "cosine", "wsd"),
-               f"--lr-schedule must be auto, inverse-sqrt, linear, cosine or wsd, got {self.lr_schedule!r}")
-        _check(self.clip_norm >= 0, "--clip-norm must be >= 0")
-        _check(0.0 <= self.label_smoothing < 1.0, f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
+        self._check(self.warmup < 1 or float(self.warmup).is_integer(),
+                    f"`warmup` is a number of updates or a share of the horizon below 1, got {self.warmup}")
+        self._check(self.lr_schedule in ("auto", "inverse-sqrt", "linear", "cosine", "wsd"),
+                    f"`lr_schedule` must be auto, inverse-sqrt, linear, cosine or wsd, got {self.lr_schedule!r}")
+
+
+LENPEN = dict(ge=0.0, le=10.0)  # score = log-prob / length^lenpen: beyond 10 every score rounds to 0 or -inf
+MAX_LEN_A = dict(ge=0.0, le=1000.0)
+MAX_LEN_B = dict(ge=0, le=1_000_000)
 
 
 @dataclass(frozen=True)
-class TrainConfig(_Config):
-    max_tokens: int = 4096  # batch cost = sentences x max(padded source, padded target length)
-    max_updates: int = 0  # 0 = no limit
-    max_epochs: int = 0
-    max_time: float = 0.0  # seconds; 0 = no limit
-    validate_interval_updates: int = 0  # 0 = once per epoch only
-    log_interval: float = 10.0  # seconds between plain log lines when stderr is not a terminal
+class TrainConfig(_Validated):
+    max_tokens: int = setting(4096, ge=1)  # batch cost = sentences x max(padded source, padded target length)
+    max_updates: int = setting(0, ge=0)  # 0 = no limit
+    max_epochs: int = setting(0, ge=0)
+    max_time: float = setting(0.0, ge=0.0)  # seconds; 0 = no limit
+    validate_interval_updates: int = setting(0, ge=0)  # 0 = once per epoch only
+    log_interval: float = setting(10.0, ge=0.0)  # seconds between plain log lines when stderr is not a terminal
     precision: str = "auto"  # auto: bf16 where the GPU or CPU has bf16 arithmetic, fp16 on older GPUs, else fp32 (device.py)
     device: str = "auto"
-    seed: int = 1
-    threads: int = 0  # 0 = torch's default
-    src_lang: str = ""
-    tgt_lang: str = ""
+    seed: int = setting(1, ge=0, lt=2 ** 32)
+    threads: int = setting(0, ge=0, le=4096)  # 0 = torch's default
+    src_lang: str = setting("", option="--src")
+    tgt_lang: str = setting("", option="--tgt")
     # validation (validate.py): BLEU/chrF by decoding with translate's search, best.pt, early stopping
     eval_bleu: bool = False
-    eval_bleu_beam: int = 4
-    eval_bleu_lenpen: float = 1.0
-    eval_bleu_max_len_a: float = 1.2  # max output length = a * source length + b, as in translate;
-    eval_bleu_max_len_b: int = 10  # tighter than translate's default so early validations stay quick
+    eval_bleu_beam: int = setting(4, ge=1, le=1024)
+    eval_bleu_lenpen: float = setting(1.0, **LENPEN)
+    eval_bleu_max_len_a: float = setting(1.2, **MAX_LEN_A)  # max output length = a * source length + b, as in translate;
+    eval_bleu_max_len_b: int = setting(10, **MAX_LEN_B)  # tighter than translate's default so early validations stay quick
     best_metric: str = "loss"  # loss (lower is better), bleu or chrf (higher is better)
-    patience: int = 0  # stop after this many validations without improvement; 0 = never
+    patience: int = setting(0, ge=0)  # stop after this many validations without improvement; 0 = never
     # checkpoints (train.py) and logs (metrics.py)
-    save_interval_updates: int = 0  # also write last.pt every N updates; 0 = at validations only
-    keep_last: int = 0  # keep the newest K update-numbered copies checkpoint_u<N>.pt; 0 = none
-    tensorboard_dir: str = ""  # also write TensorBoard scalars here
-    update_freq: int = 1  # micro-batches accumulated per update (per rank)
-    dist_timeout: float = 600.0  # seconds a rank waits for the others before the job fails (distributed.py)
+    save_interval_updates: int = setting(0, ge=0)  # also write last.pt every N updates; 0 = at validations only
+    keep_last: int = setting(0, ge=0)  # keep the newest K update-numbered copies checkpoint_u<N>.pt; 0 = none
+    tensorboard_dir: str = setting("", option="--tensorboard")  # also write TensorBoard scalars here
+    update_freq: int = setting(1, ge=1)  # micro-batches accumulated per update (per rank)
+    dist_timeout: float = setting(600.0, gt=0.0)  # seconds a rank waits for the others before the job fails (distributed.py)
     compile: bool = False  # torch.compile the model; falls back to eager where it cannot
     # an exponential moving average of the weights (ema.py), validated at the end of the run and
     # kept as best.pt when it is better; 0 = off (the default: with the learning rate decaying to 0
     # at the horizon it never won in 8 measured runs of 4-20 minutes, bench/results.md)
-    ema_decay: float = 0.0
+    ema_decay: float = setting(0.0, ge=0.0, lt=1.0)
 
-    def __post_init__(self):
-        _check(self.best_metric in ("loss", "bleu", "chrf"), f"--best-metric must be loss, bleu or chrf, got {self.best_metric!r}")
-        _check(self.best_metric == "loss" or self.eval_bleu,
-               f"--best-metric {self.best_metric} needs --eval-bleu (validation must decode to score {self.best_metric})")
-        _check(self.eval_bleu_beam >= 1, f"--eval-bleu-beam must be >= 1, got {self.eval_bleu_beam}")
-        _check(self.eval_bleu_max_len_b >= 1 or self.eval_bleu_max_len_a > 0, "--eval-bleu-max-len-a/-b allow no output token")
-        _check(self.patience >= 0, f"--patience must be >= 0, got {self.patience}")
-        _check(self.save_interval_updates >= 0 and self.keep_last >= 0, "--save-interval-updates and --keep-last must be >= 0")
-        _check(self.keep_last == 0 or self.save_interval_updates > 0,
-               "--keep-last keeps the copies written every --save-interval-updates N; give --save-interval-updates too")
-        _check(self.max_tokens >= 1, f"--max-tokens must be >= 1, got {self.max_tokens}")
-        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"--precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
-        _check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
-               f"--device must be auto, cpu or cuda, got {self.device!r}")
-        _check(self.update_freq >= 1, f"--update-freq must be >= 1, got {self.update_freq}")
-        _check(self.dist_timeout > 0, f"--dist-timeout must be > 0 seconds, got {self.dist_timeout}")
-        _check(self.max_updates >= 0 and self.max_epochs >= 0 and self.max_time >= 0, "limits must be >= 0")
-        _check(0.0 <= self.ema_decay < 1.0, f"--ema-decay must be in [0, 1) (0 = off), got {self.ema_decay}")
-        _check(0 <= self.seed < 2 ** 32, f"--seed must be between 0 and 2^32 - 1, got {self.seed}")
+    def validate(self):
+        self._check(self.best_metric in ("loss", "bleu", "chrf"), f"`best_metric` must be loss, bleu or chrf, got {self.best_metric!r}")
+        self._check(self.best_metric == "loss" or self.eval_bleu,
+                    f"`best_metric` {self.best_metric} needs `eval_bleu` (validation must decode to score {self.best_metric})")
+        self._check(self.eval_bleu_max_len_b >= 1 or self.eval_bleu_max_len_a > 0, "`eval_bleu_max_len_a`/-b allow no output token")
+        self._check(self.keep_last == 0 or self.save_interval_updates > 0,
+                    "`keep_last` keeps the copies written every `save_interval_updates` N; give `save_interval_updates` too")
+        self._check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"`precision` must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        self._check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+                    f"`device` must be auto, cpu or cuda, got {self.device!r}")
 
 
 @dataclass(frozen=True)
-class Sampling(_Config):
+class Sampling(_Validated):
     """--sampling's shape: draw from softmax(log p / temperature) among the top-k tokens and the
     nucleus of mass top-p; the same seed gives the same samples (search.py)."""
-    topk: int = 0  # 0 = the whole vocabulary
-    topp: float = 1.0  # nucleus mass; 1.0 = no nucleus truncation
-    temperature: float = 1.0
-    seed: int = 1
-
-    def __post_init__(self):
-        _check(self.topk >= 0, f"--topk must be >= 0 (0 = all tokens), got {self.topk}")
-        _check(0.0 < self.topp <= 1.0, f"--topp must be in (0, 1], got {self.topp}")
-        _check(self.temperature > 0.0, f"--temperature must be > 0, got {self.temperature}")
-        _check(0 <= self.seed < 2 ** 63, f"--seed must be between 0 and 2^63 - 1, got {self.seed}")
+    topk: int = setting(0, "Sample among the k most probable tokens (0 = all).", ge=0, lt=2 ** 31)
+    topp: float = setting(1.0, "Sample among the most probable tokens whose mass reaches p (nucleus; 1.0 = all).", gt=0.0, le=1.0)
+    temperature: float = setting(1.0, "Sample from softmax(log p / T): below 1 sharper, above 1 flatter.", gt=0.0, le=1000.0)
+    seed: int = setting(1, "The same seed gives the same samples, whatever the batching.", ge=0, lt=2 ** 63)
 
 
 @dataclass(frozen=True)
-class SearchOptions(_Config):
+class SearchOptions(_Validated):
     """What one request asks of search (search.search takes it; a server takes one per request):
     beam, length penalty, n-best, output length, and sampling instead of search. How the process
     decodes (device, precision, threads, workers, batching, I/O) is DecodeConfig's."""
-    beam: int = 5
-    lenpen: float = 1.0
-    nbest: int = 1
-    max_len_a: float = 0.0
-    max_len_b: int = 200
-    min_len: int = 1
+    beam: int = setting(5, "Beam size (1 = greedy).", ge=1, le=1024)
+    lenpen: float = setting(1.0, "Length penalty: score = log-prob / length^lenpen.", **LENPEN)
+    nbest: int = setting(1, "Hypotheses per segment, best first.", ge=1, le=1024)
+    max_len_a: float = setting(0.0, "Max output length = a * source length + b.", **MAX_LEN_A)
+    max_len_b: int = setting(200, "Max output length = a * source length + b.", **MAX_LEN_B)
+    min_len: int = setting(1, ge=0, le=1_000_000)
+    max_len: int = setting(0, "The longest output in tokens, whatever max_len_a and max_len_b say (0: only the model's positions).", ge=0, le=1_000_000)
     sampling: Sampling | None = None  # sample nbest translations instead of searching (beam unused)
 
-    def __post_init__(self):
-        _check(self.beam >= 1, f"--beam must be >= 1, got {self.beam}")
-        if self.sampling is not None:
-            _check(self.nbest >= 1, f"--nbest must be >= 1, got {self.nbest}")
-        else:
-            _check(1 <= self.nbest <= self.beam, f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
-        _check(self.max_len_b >= 1 or self.max_len_a > 0, "--max-len-a/--max-len-b allow no output token")
-        _check(self.max_len_a >= 0, f"--max-len-a must be >= 0, got {self.max_len_a}")
-        _check(self.min_len >= 0, f"min_len must be >= 0, got {self.min_len}")
+    def validate(self):
+        if self.sampling is None:
+            self._check(self.nbest <= self.beam, f"`nbest` must be between 1 and `beam` ({self.beam}), got {self.nbest}")
+        self._check(self.max_len_b >= 1 or self.max_len_a > 0, "`max_len_a`/`max_len_b` allow no output token")
+
+
+def _like(cls, name: str) -> Any:
+    """The field `name` of cls again (default, help, bounds) in another config."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return field(default=f.default, metadata=f.metadata)
 
 
 @dataclass(frozen=True)
-class DecodeConfig(_Config):
-    beam: int = 5
-    lenpen: float = 1.0
-    nbest: int = 1
-    max_len_a: float = 0.0
-    max_len_b: int = 200
-    max_tokens: int = 0  # 0 = only --batch-size limits a batch
-    batch_size: int = 64
+class DecodeConfig(_Validated):
+    beam: int = _like(SearchOptions, "beam")
+    lenpen: float = _like(SearchOptions, "lenpen")
+    nbest: int = _like(SearchOptions, "nbest")
+    max_len_a: float = _like(SearchOptions, "max_len_a")
+    max_len_b: int = _like(SearchOptions, "max_len_b")
+    max_tokens: int = setting(0, ge=0)  # 0 = only --batch-size limits a batch
+    batch_size: int = setting(64, ge=1)
     print_scores: bool = False
     print_alignment: bool = False  # hard alignment from encoder-decoder attention (alignment.py)
-    alignment_layer: int = 0  # 1-based decoder layer for --print-alignment; 0 = the last
+    alignment_layer: int = setting(0, ge=0, le=1024)  # 1-based decoder layer for --print-alignment; 0 = the last
     device: str = "auto"
     precision: str = "auto"  # auto (device.py): bf16 on CPUs with bf16 instructions, else fp32; bf16 / fp16 (CUDA): weights cast once, see precision.py
     quantize: str = "none"  # int8: dynamic quantization of the linear layers (CPU)
-    threads: int = 0
-    workers: int = 1  # CPU decoding processes, batches in parallel, threads / workers threads each (workers.py)
-    chunk_lines: int = 2048  # lines read, sorted and batched together
+    threads: int = setting(0, ge=0, le=4096)
+    workers: int = setting(1, ge=1, le=1024)  # CPU decoding processes, batches in parallel, threads / workers threads each (workers.py)
+    chunk_lines: int = setting(2048, ge=1)  # lines read, sorted and batched together
     errors: str = "replace"  # invalid UTF-8 in the input: replace (with a warning) or strict (stop)
     # --sampling: draw nbest samples per line instead of searching (search.py); --beam is unused
     sampling: bool = False
-    topk: int = 0  # sample among the k most probable tokens; 0 = all
-    topp: float = 1.0  # ... and among the nucleus of this probability mass; 1.0 = all
-    temperature: float = 1.0
-    seed: int = 1  # same seed, same samples (whatever the batching: see search.py)
+    topk: int = _like(Sampling, "topk")
+    topp: float = _like(Sampling, "topp")
+    temperature: float = _like(Sampling, "temperature")
+    seed: int = _like(Sampling, "seed")
     score_reference: bool = False  # score the lines of `target` instead of translating (reference_score.py)
     target: str = ""  # --target FILE: one reference per input line
     target_prefix: str = ""  # --target-prefix FILE: one prefix per input line that its translation starts with ("" none)
@@ -294,31 +346,28 @@ class DecodeConfig(_Config):
     glossary: str = ""  # --glossary FILE.tsv: source term TAB target term(s); a term found in a line constrains its translation
     glossary_ignore_case: bool = False
 
-    def __post_init__(self):
+    def validate(self):
+        self._check(self.sampling or (self.topk == 0 and self.topp == 1.0 and self.temperature == 1.0),
+                    "`topk`, `topp` and `temperature` shape `sampling`; add `sampling`")
         self.search_options()  # validates the per-request part (beam, nbest, lengths, sampling)
-        _check(self.sampling or (self.topk == 0 and self.topp == 1.0 and self.temperature == 1.0),
-               "--topk, --topp and --temperature shape --sampling; add --sampling")
-        _check(self.score_reference == bool(self.target),
-               "--score-reference needs --target FILE (one reference per input line)" if self.score_reference
-               else "--target FILE gives the references of --score-reference; add --score-reference")
-        _check(not ((self.target_prefix or self.constraints or self.glossary) and self.score_reference),
-               "--score-reference scores whole references; drop --target-prefix, --constraints and --glossary")
-        _check(not ((self.constraints or self.glossary) and self.sampling), "--constraints and --glossary are kept by beam search; drop --sampling")
+        self._check(self.score_reference == bool(self.target),
+                    "`score_reference` needs `target` FILE (one reference per input line)" if self.score_reference
+                    else "`target` FILE gives the references of `score_reference`; add `score_reference`")
+        self._check(not ((self.target_prefix or self.constraints or self.glossary) and self.score_reference),
+                    "`score_reference` scores whole references; drop `target_prefix`, `constraints` and `glossary`")
+        self._check(not ((self.constraints or self.glossary) and self.sampling),
+                    "`constraints` and `glossary` are kept by beam search; drop `sampling`")
         if self.score_reference:
-            _check(not self.sampling, "--score-reference scores the given references; drop --sampling")
-            _check(self.nbest == 1 and not self.print_alignment,
-                   "--score-reference prints one line per input line; drop --nbest and --print-alignment")
-        _check(self.batch_size >= 1, "--batch-size must be >= 1")
-        _check(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
-        _check(self.threads == 0 or self.threads >= self.workers,
-               f"--workers {self.workers} needs at least one thread each; got --threads {self.threads}")
-        _check(self.max_tokens >= 0, "--max-tokens must be >= 0")
-        _check(self.alignment_layer >= 0, f"--alignment-layer must be >= 0 (0 = the last layer), got {self.alignment_layer}")
-        _check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"--precision must be auto, fp32, bf16 or fp16, got {self.precision!r}")
-        _check(self.errors in ("strict", "replace"), f"--errors must be strict or replace, got {self.errors!r}")
-        _check(self.quantize in ("none", "int8"), f"--quantize must be none or int8, got {self.quantize!r}")
-        _check(self.quantize == "none" or self.precision in ("auto", "fp32"),
-               f"--quantize {self.quantize} computes in int8/float32; drop --precision {self.precision}")
+            self._check(not self.sampling, "`score_reference` scores the given references; drop `sampling`")
+            self._check(self.nbest == 1 and not self.print_alignment,
+                        "`score_reference` prints one line per input line; drop `nbest` and `print_alignment`")
+        self._check(self.threads == 0 or self.threads >= self.workers,
+                    f"`workers` {self.workers} needs at least one thread each; got `threads` {self.threads}")
+        self._check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"`precision` must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        self._check(self.errors in ("strict", "replace"), f"`errors` must be strict or replace, got {self.errors!r}")
+        self._check(self.quantize in ("none", "int8"), f"`quantize` must be none or int8, got {self.quantize!r}")
+        self._check(self.quantize == "none" or self.precision in ("auto", "fp32"),
+                    f"`quantize` {self.quantize} computes in int8/float32; drop `precision` {self.precision}")
 
     def search_options(self) -> SearchOptions:
         """The per-request part of these settings: what search() takes."""
@@ -327,27 +376,28 @@ class DecodeConfig(_Config):
 
 
 @dataclass(frozen=True)
-class ServeConfig(_Config):
-    """`seqtool serve`'s server settings (the model's are a DecodeConfig)."""
-    host: str = "127.0.0.1"
-    port: int = 5000
-    max_batch_tokens: int = 4096  # source tokens of pending segments decoded in one call
-    max_wait_ms: float = 10.0  # the longest the oldest pending segment waits for others to join its batch
-    queue_limit: int = 4096  # pending segments; a request that would pass it gets 503 with Retry-After
-    request_timeout: float = 60.0  # seconds; then 504 and the request's pending segments are dropped
-    max_lines: int = 256  # segments per request (413 beyond)
-    max_chars: int = 100_000  # characters per request (413 beyond)
-    alignments: bool = False  # answer alignment requests (a forced pass per batch when asked)
-    workers: int = 1  # server processes on the port, one model each (servepool.py)
+class ServeConfig(_Validated):
+    """`seqtool serve`'s server settings (the model's are a DecodeConfig). The caps bound what one
+    request may cost, checked before any work on it: 413 for its size, 422 for its search."""
+    host: str = setting("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
+    port: int = setting(5000, "TCP port (0: a free one, logged).", ge=0, le=65535)
+    max_batch_tokens: int = setting(4096, "Source tokens of pending segments decoded together.", ge=1)
+    max_wait_ms: float = setting(10.0, "The longest the oldest pending segment waits for others to join its batch.", ge=0.0, le=60_000.0)
+    queue_limit: int = setting(4096, "Pending segments; beyond, requests get 503 with Retry-After (413 for a request larger than it).", ge=1)
+    request_timeout: float = setting(60.0, "Seconds before a request gets 504 (its segments are dropped, also from a running batch).", gt=0.0, le=86_400.0)
+    max_lines: int = setting(256, "Segments per request (413 beyond).", ge=1)
+    max_chars: int = setting(100_000, "Characters per request, segments, prefixes, constraints and glossary together (413 beyond; a body over 8x this plus 64 KiB is refused unread).", ge=1, le=2 ** 30)
+    max_beam: int = setting(16, "The largest beam a request may ask for (422 beyond).", ge=1, le=1024)
+    max_nbest: int = setting(16, "The most hypotheses or samples per segment a request may ask for (422 beyond).", ge=1, le=1024)
+    max_len: int = setting(512, "The longest output in tokens a request may ask for: max_len_b, or max_len_a * source length + max_len_b (422 beyond).", ge=1, le=1_000_000)
+    max_glossary: int = setting(1000, "Glossary entries per request (413 beyond).", ge=0)
+    max_constraints: int = setting(64, "Constraint phrases per segment, its glossary matches included (413 beyond).", ge=0)
+    api_keys: str = setting("", "A file of API keys, one per line (# comments): each request needs one, as api_key or Authorization: Bearer (403 otherwise).")
+    req_limit: int = setting(0, "Requests per minute per API key (or client address without --api-keys); 429 with Retry-After beyond; 0 = no limit.", ge=0)
+    cors: str = setting("", "Origins allowed to call the API from a browser, comma-separated (* any); none by default.")
+    alignments: bool = setting(False, "Answer alignment requests of /v1/translate.")
+    workers: int = setting(1, "Server processes on the port, one model each (threads split among them).", ge=1, le=1024)
 
-    def __post_init__(self):
-        _check(0 <= self.port < 65536, f"--port must be between 0 and 65535, got {self.port}")
-        _check(self.max_batch_tokens >= 1, f"--max-batch-tokens must be >= 1, got {self.max_batch_tokens}")
-        _check(self.max_wait_ms >= 0, f"--max-wait-ms must be >= 0, got {self.max_wait_ms}")
-        _check(self.queue_limit >= 1, f"--queue-limit must be >= 1, got {self.queue_limit}")
-        _check(self.request_timeout > 0, f"--request-timeout must be > 0, got {self.request_timeout}")
-        _check(self.max_lines >= 1 and self.max_chars >= 1, "--max-lines and --max-chars must be >= 1")
-        _check(self.workers >= 1, f"--workers must be >= 1, got {self.workers}")
 
 
 def model_config_for(arch: str, **overrides: Any) -> ModelConfig:

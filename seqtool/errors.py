@@ -13,6 +13,9 @@ way). Anything else that escapes a command is a bug in seqtool: exit 2.
 
 from __future__ import annotations
 
+import re
+from typing import Callable, Optional
+
 
 class SeqtoolError(Exception):
     """A problem the user can fix; the message says which and what to do."""
@@ -24,6 +27,30 @@ class InputError(SeqtoolError):
 
 class ConfigError(SeqtoolError, ValueError):
     """A setting that cannot work; the message says which and why."""
+
+
+class FieldError(ConfigError):
+    """A setting whose value cannot work, its message written over field names in backquotes
+    (`beam`), which each front end renders in its own words: str() gives the command line's
+    (--beam, or a field's own `option`), the server its request fields (`render`)."""
+
+    def __init__(self, template: str, options: Optional[dict[str, str]] = None):
+        self.template, self.options = template, dict(options or {})
+        super().__init__(self.render(self.option))
+
+    @property
+    def fields(self) -> list[str]:
+        """The fields the message names, the one at fault first."""
+        return _FIELD.findall(self.template)
+
+    def option(self, name: str) -> str:
+        return self.options.get(name) or "--" + name.rsplit(".", 1)[-1].replace("_", "-")
+
+    def render(self, name_of: Callable[[str], str]) -> str:
+        return _FIELD.sub(lambda m: name_of(m.group(1)), self.template)
+
+
+_FIELD = re.compile(r"`([a-z][a-z0-9_.]*)`")
 
 
 class ResourceError(SeqtoolError):

@@ -23,7 +23,7 @@ A sample's score is the model's own log-probability (temperature 1, no truncatio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ from .errors import ConfigError
 __all__ = ["Hypothesis", "Sampling", "SearchOptions", "beam_search", "greedy_search", "sample", "search"]
 
 NEG_INF = float("-inf")
+Wanted = Callable[[], Optional[Tensor]]  # search()'s `wanted`: None (every sentence) or (B,) bool
 UNMET = 1e6  # subtracted from the rank (not the score) of a finished output that lacks a constraint
 
 
@@ -44,10 +45,10 @@ class Hypothesis:
     score: float  # length-normalised log-probability, as used for ranking
 
 
-def _max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int, max_positions: int) -> Tensor:
+def _max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int, max_positions: int, max_len: int = 0) -> Tensor:
     src_len = (~src_pad).sum(1)  # (B,) incl. EOS
     limit = (max_len_a * src_len.double() + max_len_b).long()
-    return limit.clamp(min=1, max=max_positions - 1)  # the BOS takes one position
+    return limit.clamp(min=1, max=min(max_positions - 1, max_len or max_positions))  # the BOS takes one position
 
 
 def _step_lprobs(model, tokens: Tensor, cache, step: int, max_len: Tensor, min_len: int) -> Tensor:
@@ -109,20 +110,20 @@ def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float, max_len_b: int, lenpen: float,
-                      min_len: int, prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+                      min_len: int, prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None, max_len: int = 0) -> list[list[Hypothesis]]:
     """`copies` rows per sentence, each extended by one token per step until its EOS, with
     choose(lprobs (rows, V), row_ids (rows,), step) -> tokens (rows,); row_ids are indices into the
     B x copies layout (sentence b's rows are b*copies ... b*copies + copies - 1). prefix (B, P): the
-    output's first P tokens, given (their log-probabilities count in the score). Hypotheses of a
-    sentence best first."""
+    output's first P tokens, given (their log-probabilities count in the score). wanted: see
+    search(); an abandoned sentence's rows leave at once. Hypotheses of a sentence best first."""
     c = model.config
     B, N = src.size(0), copies
     device = src.device
     memory, src_pad = model.encode(src)
     cache = model.new_cache(memory, src_pad, group=N)  # the sentence's N rows adjacent
-    max_len = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions).repeat_interleave(N)  # (B*N,)
+    limit = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions, max_len).repeat_interleave(N)  # (B*N,)
     P = 0 if prefix is None else prefix.size(1)
-    L = max(int(max_len.max()), P) + 1
+    L = max(int(limit.max()), P) + 1
     R = B * N
     alive = torch.arange(R, device=device)  # row of each active hypothesis
     last = torch.full((R, 1), c.bos_id, dtype=torch.long, device=device)
@@ -132,14 +133,16 @@ def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float,
     first = None
     if P:
         rows_prefix = prefix.repeat_interleave(N, dim=0)  # (R, P)
-        score, first = _prefix_pass(model, torch.cat([last, rows_prefix], dim=1), cache, max_len, min_len)
+        score, first = _prefix_pass(model, torch.cat([last, rows_prefix], dim=1), cache, limit, min_len)
         out[:, :P] = rows_prefix
     for step in range(P, L):
-        lprobs = first if step == P and first is not None else _step_lprobs(model, last, cache, step, max_len[alive], min_len)
+        lprobs = first if step == P and first is not None else _step_lprobs(model, last, cache, step, limit[alive], min_len)
         token = choose(lprobs, alive, step)  # (rows,)
         score[alive] += lprobs.gather(1, token[:, None]).squeeze(1)
         out[alive, step] = token
         ended = token.eq(c.eos_id)
+        if wanted is not None and (w := wanted()) is not None:  # abandoned sentences' rows leave as if ended
+            ended |= ~w.to(device)[alive // N]
         if bool(ended.any()):
             lengths[alive[ended]] = step + 1
             keep = (~ended).nonzero().squeeze(1)
@@ -164,9 +167,10 @@ def _arg_max(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
 
 @torch.no_grad()
 def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
-                  min_len: int = 1, prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+                  min_len: int = 1, prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None,
+                  max_len: int = 0) -> list[list[Hypothesis]]:
     """The most probable token at every step (after the prefix (B, P), if given); one hypothesis per sentence."""
-    return _one_path_per_row(model, src, 1, _arg_max, max_len_a, max_len_b, lenpen, min_len, prefix)
+    return _one_path_per_row(model, src, 1, _arg_max, max_len_a, max_len_b, lenpen, min_len, prefix, wanted, max_len)
 
 
 _MASK32 = 0xFFFFFFFF
@@ -227,7 +231,7 @@ def draw(lprobs: Tensor, u: Tensor, topk: int = 0, topp: float = 1.0, temperatur
 @torch.no_grad()
 def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), max_len_a: float = 0.0,
            max_len_b: int = 200, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None,
-           prefix: Optional[Tensor] = None) -> list[list[Hypothesis]]:
+           prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None, max_len: int = 0) -> list[list[Hypothesis]]:
     """`nbest` samples per sentence, best score first, each continuing the prefix (B, P) if given.
     keys (B,): each sentence's identity for the random numbers (default: its row); translate
     passes input line numbers."""
@@ -242,13 +246,14 @@ def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), 
         u = uniforms(sampling.seed, row_key[rows], row_copy[rows], step)  # (rows,)
         return draw(lprobs, u, sampling.topk, sampling.topp, sampling.temperature)
 
-    return _one_path_per_row(model, src, nbest, choose, max_len_a, max_len_b, lenpen, min_len, prefix)
+    return _one_path_per_row(model, src, nbest, choose, max_len_a, max_len_b, lenpen, min_len, prefix, wanted, max_len)
 
 
 @torch.no_grad()
 def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200,
                 lenpen: float = 1.0, nbest: int = 1, min_len: int = 1, prefix: Optional[Tensor] = None,
-                constraints: Optional[ConstraintState] = None) -> list[list[Hypothesis]]:
+                constraints: Optional[ConstraintState] = None, wanted: Optional[Wanted] = None,
+                max_len: int = 0) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses per sentence, best first. prefix (B, P): every hypothesis starts
     with these P tokens (decoded in one pass, their log-probabilities part of the score and the
     length part of the normalisation); the search starts after them. constraints: phrases every
@@ -257,7 +262,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     B, K = src.size(0), beam
     device = src.device
     memory, src_pad = model.encode(src)
-    max_len0 = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions)  # (B,)
+    max_len0 = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions, max_len)  # (B,)
     P = 0 if prefix is None else prefix.size(1)
     L = max(int(max_len0.max()), P) + 1  # output tokens incl. the prefix and EOS
     # Every beam starts from the same BOS: step 0 decodes one row per sentence (rows = 1), whose
@@ -364,6 +369,8 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         done = (fin_count[alive] >= K) | (max_len0[alive] <= step) | ~torch.isfinite(scores).any(1)
         if constraints is not None:
             done |= met_finished[alive] >= nbest
+        if wanted is not None and (w := wanted()) is not None:  # abandoned sentences leave with what they have
+            done |= ~w.to(device)[alive]
         if bool(done.all()):
             break
         if bool(done.any()):
@@ -415,12 +422,15 @@ def _with_wanted(full: Tensor, lprobs: Tensor, row_token: Tensor, wanted: Tensor
 
 def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: Optional[Tensor] = None,
            prefix: Optional[Tensor] = None, constraints: Optional[Sequence] = None,
-           pieces: Optional[WordPieces] = None) -> list[list[Hypothesis]]:
+           pieces: Optional[WordPieces] = None, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
     """Sampling when options.sampling is given (nbest samples; beam unused; keys (B,) identify the
     sentences for the random numbers), else greedy (beam 1) or beam search. prefix (B, P), one
     length for the batch: the output's given first tokens (P = 0 or None: none). constraints: per
     sentence, groups of alternative token sequences that the output must contain (constraints.py),
-    as whole words where `pieces` says what a word is; beam search runs them, also at beam 1."""
+    as whole words where `pieces` says what a word is; beam search runs them, also at beam 1.
+    wanted: asked before every step, None (all) or which sentences (B,) bool are still wanted: the
+    others leave the batch at once (a server's requests whose clients went away) and get whatever
+    they had finished, perhaps nothing."""
     o = options
     if prefix is not None and prefix.size(1) == 0:
         prefix = None
@@ -428,9 +438,9 @@ def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: O
         if o.sampling is not None:
             raise ConfigError("constraints are kept by beam search; drop sampling")
         state = ConstraintState(constraints, src.device, pieces, model.config.bos_id)
-        return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix, state)
+        return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix, state, wanted, o.max_len)
     if o.sampling is not None:
-        return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys, prefix)
+        return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys, prefix, wanted, o.max_len)
     if o.beam == 1:
-        return greedy_search(model, src, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, prefix)
-    return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix)
+        return greedy_search(model, src, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, prefix, wanted, o.max_len)
+    return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix, wanted=wanted, max_len=o.max_len)

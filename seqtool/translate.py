@@ -16,7 +16,7 @@ import functools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence, TextIO, Union
+from typing import Callable, Iterable, Iterator, Optional, Sequence, TextIO, Union
 
 import torch
 
@@ -199,14 +199,18 @@ class Translator:
 
     def translate_ids(self, start: int, lines: list[str], ids: list[list[int]],
                       options: Optional[SearchOptions] = None, keys: Optional[list[int]] = None,
-                      prefix_ids: Optional[list[list[int]]] = None, constraint_ids: Optional[list] = None) -> list[Translation]:
+                      prefix_ids: Optional[list[list[int]]] = None, constraint_ids: Optional[list] = None,
+                      labels: Optional[list[str]] = None, abandoned: Optional[Callable[[], frozenset]] = None) -> list[Translation]:
         """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
         validation passes the valid split's ids here, so it decodes exactly as translate does).
         keys: each line's identity for sampling's random numbers (default: its line number
         start + k); the server passes each segment's own, so its samples never depend on what
         shares its batch. prefix_ids: each line's target prefix as token ids (empty: none).
         constraint_ids: each line's constraints as constraint_ids gives them (empty: none); a line
-        whose best translation lacks one (it did not fit in the length limit) gets a warning."""
+        whose best translation lacks one (it did not fit in the length limit) gets a warning.
+        labels: how warnings name each line (default "line N"). abandoned: the indices of lines
+        nobody waits for any more (a server's cancelled requests), asked at every step: they leave
+        the search at once and translate to nothing."""
         options = options or self.options
         keys = keys if keys is not None else [start + k for k in range(len(lines))]
         ids = [seq[: self.max_src] for seq in ids]  # encode crops with a warning; stored ids silently
@@ -220,7 +224,10 @@ class Translator:
         jobs = [([ids[k] for k in batch], [keys[k] for k in batch], options,
                  None if prefix_ids is None else [prefix_ids[k] for k in batch],
                  None if constraint_ids is None else [constraint_ids[k] for k in batch]) for batch in batches]
-        done = self.pool.search(jobs) if self.pool is not None else (self.search_batch(*job) for job in jobs)
+        if self.pool is not None:  # (worker processes cannot ask `abandoned`)
+            done = self.pool.search(jobs)
+        else:
+            done = (self.search_batch(*job, wanted=_wanted(abandoned, batch)) for job, batch in zip(jobs, batches))
         for batch, (hyps, aligned) in zip(batches, done):
             for i, k in enumerate(batch):
                 results[k] = hyps[i]
@@ -229,19 +236,21 @@ class Translator:
         hyps_of = [results[k] or [] for k in range(len(lines))]
         for k, hyps in enumerate(hyps_of):
             if constraint_ids is not None and constraint_ids[k] and hyps and not satisfied(hyps[0].tokens, constraint_ids[k]):
-                log.warn(f"line {start + k + 1}: the translation lacks a constraint (it does not fit in the output length limit)")
+                log.warn(f"{labels[k] if labels else f'line {start + k + 1}'}: the translation lacks a constraint "
+                         "(it does not fit in the output length limit)")
         texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in hyps_of for h in hyps]))  # one call per chunk
         return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
                 for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
 
     def search_batch(self, rows: list[list[int]], keys: list[int], options: Optional[SearchOptions] = None,
-                     prefixes: Optional[list[list[int]]] = None,
-                     constraints: Optional[list] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
+                     prefixes: Optional[list[list[int]]] = None, constraints: Optional[list] = None,
+                     wanted: Optional[Callable[[], Optional[torch.Tensor]]] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
         """One batch: token ids (without EOS) of each sentence and its key (input line number) ->
         hypotheses per sentence, and with print_alignment their alignments. prefixes: each sentence's
         target prefix ids (empty: none); sentences with prefixes of one length are searched together,
         the prefix decoded in one pass. constraints: each sentence's groups of alternative token
-        sequences (constraint_ids). Worker processes run this."""
+        sequences (constraint_ids). wanted: which sentences are still wanted (search.py). Worker
+        processes run this."""
         c, options = self.config, options or self.options
         src = self.source_tensor(rows)  # (b, S)
         by_length: dict[int, list[int]] = {}
@@ -254,7 +263,8 @@ class Translator:
                 prefix = torch.tensor([prefixes[i] for i in group], device=self.device) if n else None
                 found = search(self.model, part, options, keys=torch.tensor([keys[i] for i in group]) if options.sampling else None,
                                prefix=prefix, constraints=[constraints[i] for i in group] if constraints else None,
-                               pieces=self.word_pieces if constraints else None)
+                               pieces=self.word_pieces if constraints else None,
+                               wanted=_subset(wanted, group) if wanted is not None and len(group) < len(rows) else wanted)
                 for i, h in zip(group, found):
                     hyps[i] = h
             # one forced pass over the final hypotheses; search is untouched
@@ -331,6 +341,24 @@ class Translator:
         for what, source in given.items():
             if source is not None and next(source, None) is not None:
                 raise InputError(f"{what}: more items than the {start} lines; give one per line")
+
+
+def _wanted(abandoned: Optional[Callable[[], frozenset]], batch: list[int]) -> Optional[Callable[[], Optional[torch.Tensor]]]:
+    """search's `wanted` for one batch of lines: None while no line of the call is abandoned."""
+    if abandoned is None:
+        return None
+
+    def wanted() -> Optional[torch.Tensor]:
+        gone = abandoned()
+        return torch.tensor([k not in gone for k in batch]) if gone else None
+    return wanted
+
+
+def _subset(wanted: Callable[[], Optional[torch.Tensor]], group: list[int]) -> Callable[[], Optional[torch.Tensor]]:
+    def part() -> Optional[torch.Tensor]:
+        w = wanted()
+        return None if w is None else w[group]
+    return part
 
 
 def format_translation(t: Translation, config: DecodeConfig) -> str:

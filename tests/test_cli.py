@@ -121,7 +121,7 @@ def test_binarize_and_tokenizer_options_reach_the_library(monkeypatch):
     (["train", "nodata", "--save-dir", "x", "--max-time", "soon"], "cannot read duration"),
     (["translate", "-c", "missing.pt"], "missing.pt: no such checkpoint"),
     (["translate", "-c", "m.pt", "--beam", "2", "--nbest", "3"], "--nbest must be between"),
-    (["translate", "-c", "m.pt", "--print-alignment", "--alignment-layer", "-1"], "--alignment-layer must be >= 0"),
+    (["translate", "-c", "m.pt", "--print-alignment", "--alignment-layer", "-1"], "--alignment-layer must be in [0, 1024], got -1"),
     (["binarize", "--src", "es", "--tgt", "es", "--train", "x", "--tokenizer", "t", "--out", "o"], "both 'es'"),
     (["score", "--ref", "nope.txt", "--hyp", "nope.txt"], "nope.txt: no such file"),
     (["average", "a.pt", "--output", "o.pt"], "a.pt: no such checkpoint"),

@@ -37,9 +37,54 @@ def test_config_file_values_are_normalised(tmp_path):
     assert data["optim"]["betas"] == (0.9, 0.98) and data["optim"]["lr"] == 1 and data["train"]["max_time"] == 1200
 
 
-def test_a_negative_seed_is_a_setting_error():
-    with pytest.raises(ConfigError, match="--seed must be between 0"):
-        TrainConfig(seed=-1)
+@pytest.mark.parametrize("cls, value, words", [
+    ("TrainConfig", dict(seed=-1), "--seed must be in [0, 2^32), got -1"),
+    ("SearchOptions", dict(lenpen=float("nan")), "--lenpen must be a finite number, got nan"),
+    ("SearchOptions", dict(lenpen=1000.0), "--lenpen must be in [0, 10], got 1000"),
+    ("SearchOptions", dict(lenpen=-1e308), "--lenpen must be in [0, 10], got -1e+308"),
+    ("SearchOptions", dict(max_len_b=10 ** 30), "--max-len-b must be in [0, 1,000,000], got 1e+30"),
+    ("Sampling", dict(temperature=float("inf")), "--temperature must be a finite number, got inf"),
+    ("OptimConfig", dict(betas=(0.9, float("nan"))), "--betas must be a finite number, got nan"),
+    ("TrainConfig", dict(max_time=float("inf")), "--max-time must be a finite number, got inf"),
+    ("TrainConfig", dict(max_tokens=2 ** 70), "--max-tokens must be in [-2^63, 2^63), got 2^70"),
+    ("ModelConfig", dict(d_ff=-5), "model.d_ff must be in [1, 2^18], got -5"),
+    ("ModelConfig", dict(dropout=1.5), "--dropout must be in [0, 1), got 1.5"),
+    ("ServeConfig", dict(port=70000), "--port must be in [0, 65,535], got 70,000"),
+])
+def test_every_number_is_finite_and_in_its_declared_range(cls, value, words):
+    """One rule for every config (the bounds declared with each field): one line naming the field, as
+    the command line names it; the server renders the same error with its request fields."""
+    import seqtool.config as config
+    from seqtool.errors import FieldError
+
+    with pytest.raises(FieldError) as info:
+        getattr(config, cls)(**value)
+    assert str(info.value) == words
+    assert info.value.fields == [next(iter(value))]
+
+
+def test_a_rule_across_fields_names_them_in_each_front_end_s_words():
+    from seqtool.config import SearchOptions
+    from seqtool.errors import FieldError
+
+    with pytest.raises(FieldError) as info:
+        SearchOptions(beam=2, nbest=3)
+    assert str(info.value) == "--nbest must be between 1 and --beam (2), got 3"
+    assert info.value.render(str.upper) == "NBEST must be between 1 and BEAM (2), got 3"
+
+
+@pytest.mark.parametrize("option, value, words", [
+    ("--lenpen", "1000", "--lenpen must be in [0, 10], got 1000"),
+    ("--lenpen", "nan", "--lenpen must be a finite number, got nan"),
+    ("--max-len-b", str(10 ** 30), "--max-len-b must be in [0, 1,000,000], got 1e+30"),
+])
+def test_out_of_range_numbers_on_the_command_line_exit_1_naming_the_option(tiny_checkpoint, option, value, words):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), option, value],
+                            input="a b\n", capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and result.stderr.strip() == f"error: {words}", result.stderr
 
 
 def test_config_file_mistakes_exit_1_on_the_command_line(tmp_path):

@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seqtool"
 TRAINING = {"train", "update", "distributed", "validate", "finetune", "metrics", "binarize", "data", "schedule", "ema", "loss"}
 
@@ -16,38 +18,62 @@ TRAINING = {"train", "update", "distributed", "validate", "finetune", "metrics",
 LAYERS = [
     {"__main__"},
     {"cli"},
-    {"servepool"},
-    {"serve"},
+    {"serving.pool"},
+    {"serving.server"},
+    {"serving.app"},
+    {"serving.endpoints"},
+    {"serving.prepare", "serving.metrics", "serving.access"},
+    {"serving.schemas", "serving.batcher"},
     {"train", "plot", "info", "export"},
     {"job"},
     {"validate", "finetune", "update", "binarize", "distributed", "ema", "schedule", "metrics", "savedir"},
     {"translate", "data", "loss"},
     {"ensemble", "search", "workers", "alignment", "reference_score", "score"},
     {"checkpoint", "precision", "tokenizer", "terms"},
-    {"model", "device", "allocator", "settings", "batcher", "linereader"},
+    {"model", "device", "allocator", "settings", "linereader"},
     {"kernels", "cache", "constraints", "config", "textio", "runlock"},
     {"exits"},
     {"log", "errors", "interrupts", "procpool"},
 ]
+SUBPACKAGES = {"serving"}  # only cli imports them
+
+
+def module_name(path: pathlib.Path) -> str:
+    """'translate' for seqtool/translate.py, 'serving.app' for seqtool/serving/app.py."""
+    return ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
 
 
 def imports_of(path: pathlib.Path) -> set[str]:
-    """seqtool modules that `path` imports, lazily (inside functions) or not."""
+    """seqtool modules that `path` imports, lazily (inside functions) or not, as module_name gives them
+    (a module of a subpackage, or the subpackage itself for `from . import x` of its __init__)."""
+    here = module_name(path).split(".")[:-1]  # the importing module's package, below seqtool
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module] if node.module else [a.name for a in node.names]
-            out |= {n.split(".")[0] for n in names}
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+            if node.module:
+                out.add(".".join([*base, *node.module.split(".")][: len(base) + 2]))
+                continue
+            out |= {".".join([*base, a.name]) for a in node.names}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("seqtool."):
-            out.add(node.module.split(".")[1])
+            out.add(".".join(node.module.split(".")[1:3]))
         elif isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names if a.name.startswith("seqtool.")}
+            out |= {".".join(a.name.split(".")[1:3]) for a in node.names if a.name.startswith("seqtool.")}
     return out
 
 
 def graph() -> dict[str, set[str]]:
-    modules = {p.stem: p for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
-    return {name: imports_of(path) & set(modules) - {name} for name, path in modules.items()}
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py") if p.stem != "__init__"}
+    edges = {}
+    for name, path in modules.items():
+        found = set()
+        for target in imports_of(path):
+            # `from .serving.server import x` names serving.server; `from .config import y` names config
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            found.add(target)
+        edges[name] = found - {name, ""}
+    return edges
 
 
 def circles(g: dict[str, set[str]]) -> list[str]:
@@ -87,6 +113,13 @@ def test_the_contract_catches_a_circle(tmp_path, monkeypatch):
     assert circles(graph()) == ["a -> b -> a", "b -> a -> b"]
 
 
+def test_only_the_cli_imports_the_subpackages():
+    g = graph()
+    outside = [f"{m} imports {n}" for m in sorted(g) for n in sorted(g[m])
+               if n.split(".")[0] in SUBPACKAGES and m.split(".")[0] != n.split(".")[0] and m != "cli"]
+    assert not outside, "only cli may import a subpackage: " + "; ".join(outside)
+
+
 def test_every_module_imports_only_the_layers_below_it():
     layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
     g = graph()
@@ -95,3 +128,21 @@ def test_every_module_imports_only_the_layers_below_it():
     upward = [f"{m} (layer {layer_of[m]}) imports {n} (layer {layer_of[n]})"
               for m in sorted(g) for n in sorted(g[m]) if layer_of[n] <= layer_of[m]]
     assert not upward, "imports against the layers: " + "; ".join(upward)
+
+
+def test_the_contract_resolves_subpackages(tmp_path, monkeypatch):
+    """The checker itself on a subpackage: relative imports in and out of it resolve to module names,
+    and a module other than cli importing it is caught."""
+    (tmp_path / "serving").mkdir()
+    (tmp_path / "serving" / "__init__.py").write_text("")
+    (tmp_path / "serving" / "app.py").write_text("from .schemas import X\nfrom ..config import Y\n")
+    (tmp_path / "serving" / "schemas.py").write_text("from .. import errors\n")
+    (tmp_path / "config.py").write_text("")
+    (tmp_path / "errors.py").write_text("")
+    (tmp_path / "translate.py").write_text("def f():\n    from .serving.app import Z\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    g = graph()
+    assert g["serving.app"] == {"serving.schemas", "config"} and g["serving.schemas"] == {"errors"}
+    assert g["translate"] == {"serving.app"}
+    with pytest.raises(AssertionError, match="only cli may import a subpackage: translate imports serving.app"):
+        test_only_the_cli_imports_the_subpackages()

@@ -130,7 +130,7 @@ def test_sampling_with_a_seed_repeats_whatever_shares_the_batch(server):
     (json.dumps({"segments": "one string"}), 422, "segments: Input should be a valid list"),
     (json.dumps({"segments": ["a"], "beam": 2, "nbest": 3}), 422, "nbest must be between 1 and beam (2)"),
     (json.dumps({"segments": ["a"] * 101}), 413, "101 segments in one request; this server takes at most 100"),
-    (json.dumps({"segments": ["a b c d " * 300]}), 413, "characters in one request; this server takes at most 2000"),
+    (json.dumps({"segments": ["a b c d " * 300]}), 413, "2,400 characters in one request (segments, prefixes, constraints and glossary together); this server takes at most 2,000 (--max-chars)"),
     (json.dumps({"segments": ["a"], "alignment": True}), 400, "started without --alignments"),
 ])
 def test_bad_requests_get_their_status_and_one_line_naming_the_problem(server, body, status, words):
@@ -318,7 +318,7 @@ def test_a_worker_that_dies_stops_the_others_and_the_server_exits_naming_it(tiny
 def test_serve_without_its_extra_says_what_to_install(monkeypatch):
     import builtins
 
-    from seqtool import serve
+    from seqtool.serving import app as serve
     from seqtool.errors import ConfigError
 
     real = builtins.__import__

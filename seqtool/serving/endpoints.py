@@ -1,0 +1,229 @@
+"""What each endpoint does, as methods of one `Service` that holds the server's state (the model, its
+batcher, the limits, keys and metrics); app.py only routes HTTP to them, so each can be tested apart.
+
+Every translation request goes the same way: its body read within the size limit and parsed off the
+event loop (schemas.parse), the key and the request rate admitted (access.py), its size checked
+(413) and its options checked against the bounds and the caps (422), its text work done in a worker
+thread (prepare.segments), then queued (batcher.py) and awaited until its results, its timeout (504:
+its segments are dropped, also from a running batch) or its client going away (499).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
+
+from .. import log
+from ..config import DecodeConfig, SearchOptions, ServeConfig
+from ..errors import ConfigError, InputError, ResourceError, SeqtoolError
+from . import prepare
+from .access import Keys, RateLimit, bearer, body_limit, read_body, read_keys, too_large
+from .batcher import Batcher, TooLarge
+from .metrics import Metrics
+from .schemas import BadRequest, LibreRequest, TranslateIn, multipart_fields, parse
+
+HTTP_STATUS: dict[type, int] = {TooLarge: 413, InputError: 400, ConfigError: 422, ResourceError: 503, SeqtoolError: 400}
+RETRY_AFTER_SECONDS = 1
+
+
+def http_status(error: SeqtoolError) -> int:
+    for kind in sorted(HTTP_STATUS, key=lambda k: -len(k.__mro__)):  # most specific first
+        if isinstance(error, kind):
+            return HTTP_STATUS[kind]
+    return 400
+
+
+class Service:
+    """The server's state and its endpoints. `load` runs in a thread at start-up; until it is done
+    /health says 503 "loading"; if it fails, `failed` (the error) is set and `on_failure` is called
+    (serve() then stops the server and exits 1 with the error's line)."""
+
+    def __init__(self, checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig):
+        self.checkpoints, self.decode, self.config = checkpoints, decode, config
+        self.translator = None
+        self.batcher: Optional[Batcher] = None
+        self.failed: Optional[BaseException] = None
+        self.on_failure: Callable[[], None] = lambda: None
+        self.metrics = Metrics(lambda: self.batcher.depth if self.batcher else 0)
+        self.keys = Keys(read_keys(Path(config.api_keys))) if config.api_keys else None
+        self.rate = RateLimit(config.req_limit) if config.req_limit else None
+        self.body_limit = body_limit(config.max_chars)
+
+    # -- life ---------------------------------------------------------------------------------------
+    def load(self) -> None:
+        from ..translate import Translator
+
+        try:
+            translator = Translator.load(self.checkpoints, self.decode.replace(print_alignment=self.config.alignments))
+            self.translator, self.batcher = translator, Batcher(translator, self.config, self.metrics.on_batch)
+            log.info(f"ready: serving on http://{self.config.host}:{self.config.port}")
+        except BaseException as error:  # noqa: BLE001 - whatever it was, serve() reports it and exits
+            self.failed = error
+            self.on_failure()
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.stop()  # in-flight requests were answered (uvicorn drains them first)
+        if self.translator is not None:
+            self.translator.close()
+
+    def ready(self):
+        if self.translator is None:
+            why = "the model could not be loaded" if self.failed else "the model is loading; retry in a moment"
+            raise BadRequest(503, why, {"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return self.translator
+
+    # -- a request's way in -------------------------------------------------------------------------
+    async def body(self, request, model, form: bool = False):
+        """The request model from the body: read within the size limit, parsed in a worker thread."""
+        raw = await read_body(request, self.body_limit)
+        if raw is None:
+            raise BadRequest(413, too_large(self.body_limit))
+        kind = request.headers.get("content-type", "application/json") if form else "application/json"
+        if kind.lower().startswith("multipart/form-data"):
+            return await asyncio.to_thread(parse, model, await multipart_fields(request.headers, raw))
+        return await asyncio.to_thread(parse, model, raw, kind)
+
+    def admit(self, request, api_key: Optional[str]) -> str:
+        """403 without a valid key (with --api-keys), 429 past --req-limit; the request's name for the log."""
+        key = api_key or bearer(request.headers.get("authorization"))
+        if self.keys is not None and not self.keys.allows(key):
+            raise BadRequest(403, "a valid API key is needed: give api_key in the body or an Authorization: Bearer header")
+        address = request.client.host if request.client else "unknown"
+        if self.rate is not None:
+            who = f"key {hashlib.sha256(key.encode()).hexdigest()[:12]}" if self.keys is not None and key else address
+            wait = self.rate.admit(who)
+            if wait is not None:
+                raise BadRequest(429, f"more than {self.config.req_limit} requests in a minute (--req-limit); retry in {wait} s",
+                                 {"Retry-After": str(wait)})
+        return f"request {secrets.token_hex(3)} from {address}"
+
+    async def translate(self, request, segments: list, count: int, options: SearchOptions, name: str) -> list:
+        """Queue, wait (for the runner, the timeout or the client going away), answer: results per segment."""
+        batcher = self.batcher
+        try:
+            job = batcher.submit(segments, count, options, asyncio.get_running_loop(), name)
+        except TooLarge as e:
+            raise BadRequest(413, str(e)) from None
+        except ResourceError as e:
+            raise BadRequest(503, str(e), {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+        deadline = time.monotonic() + self.config.request_timeout
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(job.done), timeout=min(0.25, max(deadline - time.monotonic(), 0)))
+            except asyncio.TimeoutError:
+                if time.monotonic() >= deadline:
+                    batcher.cancel(job)
+                    raise BadRequest(504, f"not translated within {self.config.request_timeout:g} s (--request-timeout); "
+                                          "the server is overloaded or the request too large") from None
+                if await request.is_disconnected():
+                    batcher.cancel(job)  # nobody is waiting for it
+                    raise BadRequest(499, "client closed the request") from None
+            except SeqtoolError as e:
+                raise BadRequest(http_status(e), str(e)) from None
+
+    # -- the endpoints ------------------------------------------------------------------------------
+    async def libre(self, request) -> dict:
+        """POST /translate, LibreTranslate's shapes."""
+        body: LibreRequest = await self.body(request, LibreRequest, form=True)
+        name = self.admit(request, body.api_key)
+        t = self.ready()
+        if body.format not in ("text",):
+            raise BadRequest(400, f"format {body.format!r}: this server translates plain text (format \"text\")")
+        src, tgt = languages(t)
+        if body.source not in ("auto", src) or (body.target is not None and body.target != tgt):
+            raise BadRequest(400, f"this model translates {src} -> {tgt}; got source {body.source!r}, target {body.target!r}")
+        texts = [body.q] if isinstance(body.q, str) else body.q
+        prepare.check_size(self.config, texts)
+        options = prepare.options(t.options, self.config, {"nbest": body.alternatives + 1}, request="libre")
+        segments = await asyncio.to_thread(prepare.segments, t, name, texts)
+        results = await self.translate(request, segments, len(texts), options, name)
+        best = [r[1][0] if r[1] else "" for r in results]
+        out: dict[str, Any] = {"translatedText": best[0] if isinstance(body.q, str) else best}
+        if body.alternatives:
+            alts = [list(r[1][1:]) for r in results]
+            out["alternatives"] = alts[0] if isinstance(body.q, str) else alts
+        return out
+
+    async def native(self, request) -> dict:
+        """POST /v1/translate: segments with per-request search options, scores, n-best, alignments."""
+        body: TranslateIn = await self.body(request, TranslateIn)
+        name = self.admit(request, body.api_key)
+        t = self.ready()
+        prepare.check_size(self.config, body.segments, body.target_prefix, body.constraints, body.glossary)
+        if body.alignment and not self.config.alignments:
+            raise BadRequest(400, "alignment: this server was started without --alignments")
+        for what, given in (("target_prefix", body.target_prefix), ("constraints", body.constraints)):
+            if given is not None and len(given) != len(body.segments):
+                raise BadRequest(422, f"{what}: {len(given)} {'prefixes' if what == 'target_prefix' else 'lists'} for "
+                                      f"{len(body.segments)} segments; give one per segment")
+        asked = {k: getattr(body, k) for k in ("beam", "lenpen", "nbest", "max_len_a", "max_len_b") if getattr(body, k) is not None}
+        options = prepare.options(t.options, self.config, asked, body.sampling.model_dump() if body.sampling is not None else None,
+                                  constrained=body.constraints is not None or bool(body.glossary))
+        segments = await asyncio.to_thread(prepare.segments, t, name, body.segments, body.target_prefix, body.constraints,
+                                           body.glossary, self.config.max_constraints)
+        results = await self.translate(request, segments, len(body.segments), options, name)
+        return native_answer(results, body, options.nbest)
+
+    def health(self) -> tuple[dict, int]:
+        if self.batcher is None:
+            status = "failed" if self.failed else "loading"
+            return {"status": status, **({"error": str(self.failed)} if self.failed else {})}, 503
+        return {"status": "ok", "queue": self.batcher.depth, "pid": os.getpid()}, 200
+
+    def models(self) -> dict:
+        return {"models": [describe(self.ready())]}
+
+    def languages(self) -> list:
+        src, tgt = languages(self.ready())
+        return [{"code": src, "name": src, "targets": [tgt]}, {"code": tgt, "name": tgt, "targets": []}]
+
+
+def native_answer(results: list, body: TranslateIn, nbest: int) -> dict:
+    from ..alignment import format_alignment
+
+    translations = []
+    for hyps, texts, aligned in results:
+        items = []
+        for k, (h, text) in enumerate(zip(hyps, texts)):
+            item: dict[str, Any] = {"text": text}
+            if body.scores:
+                item["score"] = h.score
+            if body.alignment:
+                item["alignment"] = format_alignment(aligned[k]) if aligned else ""
+            items.append(item)
+        first = items[0] if items else {"text": "", **({"score": 0.0} if body.scores else {})}
+        translations.append({**first, **({"alternatives": items[1:]} if nbest > 1 else {})})
+    return {"translations": translations}
+
+
+def languages(translator) -> tuple[str, str]:
+    train = translator.configs.get("train", {})
+    return train.get("src_lang") or "src", train.get("tgt_lang") or "tgt"
+
+
+def describe(translator) -> dict[str, Any]:
+    """/v1/models' entry: what the model is, never where its files are."""
+    configs = translator.configs
+    mc = configs.get("model", {})
+    src, tgt = languages(translator)
+    digest = hashlib.sha256(json.dumps(configs, sort_keys=True).encode()).hexdigest()
+    return {"id": f"{src}-{tgt}-{digest[:12]}", "source": src, "target": tgt, "arch": {k: mc.get(k) for k in
+            ("d_model", "encoder_layers", "decoder_layers", "n_heads", "d_ff", "pre_norm")},
+            "parameters": _parameters(translator), "precision": translator.config.precision,
+            "quantize": translator.config.quantize, "vocabulary": translator.tokenizer.vocab_size,
+            "config_sha256": digest}
+
+
+def _parameters(translator) -> Optional[int]:
+    """Parameters of the model (of every member of an ensemble); None where workers hold the models."""
+    import torch
+
+    model = translator.model
+    return sum(p.numel() for p in model.parameters()) if isinstance(model, torch.nn.Module) else None

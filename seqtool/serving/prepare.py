@@ -1,0 +1,98 @@
+"""A translation request checked in full and turned into queued work, before any segment is queued.
+
+Two steps, so that no request costs more than its limits allow and none can fail another's batch:
+- `check_size`, on the event loop and cheap (counting only): segments, characters (segments,
+  prefixes, constraint phrases and glossary terms together), glossary entries, constraints per
+  segment: 413 naming the limit.
+- `options`: this request's search options (the dataclasses' bounds: 422 naming the field), the
+  server's caps (--max-beam, --max-nbest, --max-len: 422 naming the cap), and the rules across
+  fields (sampling keeps no constraints).
+- `segments`, in a worker thread (the event loop stays free for every other client): the glossary
+  compiled and matched, constraint items parsed, text, prefixes and constraints tokenized, and
+  the constraints a segment gets from the glossary counted against its cap.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ..config import Sampling, SearchOptions, ServeConfig
+from ..errors import FieldError, InputError
+from .batcher import Segment
+from .schemas import BadRequest, field_name
+
+
+def _phrases(items: Sequence[Any]) -> list[str]:
+    return [p for item in items for p in ([item] if isinstance(item, str) else item)]
+
+
+def check_size(config: ServeConfig, texts: Sequence[str], prefixes: Optional[Sequence[str]] = None,
+               constraints: Optional[Sequence[Sequence[Any]]] = None, glossary: Optional[dict] = None) -> None:
+    """413 for a request past --max-lines, --max-chars, --max-glossary or --max-constraints, counted
+    before any work is done on it."""
+    if len(texts) > config.max_lines:
+        raise BadRequest(413, f"{len(texts)} segments in one request; this server takes at most {config.max_lines} (--max-lines)")
+    if glossary and len(glossary) > config.max_glossary:
+        raise BadRequest(413, f"glossary: {len(glossary):,} entries; this server takes at most {config.max_glossary:,} "
+                              "(--max-glossary)")
+    for k, items in enumerate(constraints or []):
+        if len(_phrases(items)) > config.max_constraints:
+            raise BadRequest(413, f"constraints of segment {k + 1}: {len(_phrases(items))} phrases; this server takes at "
+                                  f"most {config.max_constraints} per segment (--max-constraints)")
+    chars = sum(map(len, texts)) + sum(map(len, prefixes or [])) + sum(len(p) for items in constraints or [] for p in _phrases(items))
+    chars += sum(len(k) + sum(map(len, [v] if isinstance(v, str) else v)) for k, v in (glossary or {}).items())
+    if chars > config.max_chars:
+        raise BadRequest(413, f"{chars:,} characters in one request (segments, prefixes, constraints and glossary together); "
+                              f"this server takes at most {config.max_chars:,} (--max-chars)")
+
+
+def options(base: SearchOptions, config: ServeConfig, asked: dict[str, Any], sampling: Optional[dict] = None,
+            constrained: bool = False, request: str = "native") -> SearchOptions:
+    """The request's search options: what it asked over the server's defaults, within the caps."""
+    beam = asked.get("beam")
+    if beam is None:
+        beam = max(base.beam, asked.get("nbest") or 1)
+    try:
+        chosen = base.replace(**{**asked, "beam": beam}, max_len=config.max_len,
+                              sampling=Sampling(**sampling) if sampling is not None else None)
+    except FieldError as error:
+        raise BadRequest(422, field_name(error, request)) from None
+    if chosen.nbest > config.max_nbest:
+        if request == "libre":
+            raise BadRequest(422, f"alternatives {chosen.nbest - 1}: this server gives at most {config.max_nbest - 1} "
+                                  f"(--max-nbest {config.max_nbest})")
+        raise BadRequest(422, f"nbest {chosen.nbest}: this server gives at most {config.max_nbest} hypotheses per segment (--max-nbest)")
+    if chosen.sampling is None and chosen.beam > config.max_beam:
+        raise BadRequest(422, f"beam {chosen.beam}: this server searches with a beam of at most {config.max_beam} (--max-beam)")
+    if chosen.max_len_b > config.max_len:
+        raise BadRequest(422, f"max_len_b {chosen.max_len_b}: this server's outputs have at most {config.max_len} tokens (--max-len)")
+    if constrained and chosen.sampling is not None:
+        raise BadRequest(422, "constraints and glossary are kept by beam search; drop sampling")
+    return chosen
+
+
+def segments(translator, name: str, texts: Sequence[str], prefixes: Optional[Sequence[str]] = None,
+             constraints: Optional[Sequence[Sequence[Any]]] = None, glossary: Optional[dict] = None,
+             max_constraints: int = 0) -> list[Segment]:
+    """The request's non-empty segments, tokenized (a worker thread runs this). A segment is one line:
+    a line break inside it is a space. BadRequest 422 for a constraint item that cannot be one, 413
+    when the glossary gives a segment more constraints than --max-constraints."""
+    from ..terms import Glossary, parse_items
+
+    texts = [t.replace("\r", " ").replace("\n", " ") for t in texts]
+    ids = translator.encode(0, list(texts), f"{name}, segment") if texts else []
+    prefix_ids = translator.encode(0, [p.replace("\r", " ").replace("\n", " ") for p in prefixes], f"{name}, target prefix of segment") \
+        if prefixes else [[] for _ in ids]
+    groups: list[list] = [[] for _ in ids]
+    if constraints is not None or glossary:
+        terms = Glossary([(k, [v] if isinstance(v, str) else list(v)) for k, v in (glossary or {}).items()])
+        try:
+            for k, text in enumerate(texts):
+                items = parse_items((list(constraints[k]) if constraints else []) + terms.match(text), f"constraints of segment {k + 1}")
+                if len(_phrases(items)) > max_constraints:
+                    raise BadRequest(413, f"constraints of segment {k + 1}: {len(_phrases(items))} phrases with the glossary's; "
+                                          f"this server takes at most {max_constraints} per segment (--max-constraints)")
+                groups[k] = translator.constraint_ids(items)
+        except InputError as error:
+            raise BadRequest(422, str(error)) from None
+    return [Segment(k, t, i, p, g) for k, (t, i, p, g) in enumerate(zip(texts, ids, prefix_ids, groups)) if i]

@@ -1,0 +1,137 @@
+"""What a request may say: the request models of /translate (LibreTranslate's) and /v1/translate
+(native), built from the config dataclasses' fields, and a body read as JSON or as a form.
+
+The search fields (beam, lenpen, nbest, max_len_a, max_len_b, the sampling fields) take their help,
+bounds and defaults from SearchOptions and Sampling (config.setting): declared once, so the OpenAPI
+page, pydantic's 422s and `translate`'s options agree. A setting that the dataclasses refuse
+(FieldError) is rendered with the request's field names by `field_name`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional, Union
+from urllib.parse import parse_qs
+
+from pydantic import BaseModel, Field, ValidationError, create_model
+
+from ..config import Sampling, SearchOptions, field_info
+from ..errors import FieldError
+
+
+class BadRequest(Exception):
+    """A request that cannot be read or that breaks a rule: its HTTP status and one line."""
+
+    def __init__(self, status: int, message: str, headers: Optional[dict] = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
+
+
+def _from(cls, name: str, optional: bool = True) -> tuple[Any, Any]:
+    """A pydantic field for dataclass field `name` of cls: its type, help and bounds; optional: None
+    (the server's default) unless given, else the dataclass's own default."""
+    info = field_info(cls, name)
+    kind = type(info["default"])
+    bounds = {k: info[k] for k in ("ge", "gt", "le", "lt") if info[k] is not None}
+    if kind is float:
+        bounds["allow_inf_nan"] = False
+    default = None if optional else info["default"]
+    return (Optional[kind] if optional else kind), Field(default, description=info["help"], **bounds)
+
+
+SamplingIn = create_model("SamplingIn", __doc__="Sample nbest translations instead of searching (beam unused).",
+                          **{name: _from(Sampling, name, optional=False) for name in ("topk", "topp", "temperature", "seed")})
+
+
+class TranslateIn(create_model("_SearchFields", **{name: _from(SearchOptions, name) for name in
+                                                   ("beam", "lenpen", "nbest", "max_len_a", "max_len_b")})):
+    """POST /v1/translate: segments and, for this request only, search options (unset: the server's)."""
+    segments: list[str] = Field(..., description="Sentences to translate, one per item; the answer keeps their order")
+    sampling: Optional[SamplingIn] = None  # type: ignore[valid-type]
+    scores: bool = False
+    alignment: bool = False
+    target_prefix: Optional[list[str]] = Field(None, description="One per segment (\"\" for none): its translation starts with it")
+    constraints: Optional[list[list[Union[str, list[str]]]]] = Field(
+        None, description="One list per segment of phrases its translation must contain (a list inside: one of these forms)")
+    glossary: Optional[dict[str, Union[str, list[str]]]] = Field(
+        None, description="Source term -> target term (or forms): a term found in a segment (whole words) constrains its translation")
+    api_key: Optional[str] = Field(None, description="With --api-keys: the key (or send Authorization: Bearer KEY)")
+
+
+class LibreRequest(BaseModel):
+    """POST /translate, LibreTranslate's request (JSON, or a form as `curl -d q=...` sends)."""
+    q: Union[str, list[str]]
+    source: str = "auto"
+    target: Optional[str] = None
+    format: str = "text"
+    alternatives: int = Field(0, ge=0, description="Alternative translations per text (the server's --max-nbest bounds it)")
+    api_key: Optional[str] = None
+
+
+def field_name(error: FieldError, request: str = "native") -> str:
+    """A FieldError in the request's own words: SearchOptions' fields are the native request's (and
+    `nbest` LibreTranslate's `alternatives`), Sampling's are under `sampling.`."""
+    def name(field: str) -> str:
+        if request == "libre" and field in ("nbest", "beam"):
+            return "alternatives"
+        return f"sampling.{field}" if field in {"topk", "topp", "temperature", "seed"} else field
+    return error.render(name)
+
+
+async def multipart_fields(headers, body: bytes) -> dict[str, Any]:
+    """A multipart/form-data body's text fields (a repeated field is a list); files are refused."""
+    from starlette.datastructures import UploadFile
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    async def stream():
+        yield body
+        yield b""
+    try:
+        form = await MultiPartParser(headers, stream(), max_files=0, max_part_size=len(body) + 1).parse()
+    except MultiPartException as error:
+        raise BadRequest(422, f"body: not a valid form ({error.message})") from None
+    fields: dict[str, Any] = {}
+    for key, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            raise BadRequest(422, f"{key}: a file; send the text as a form field")
+        fields[key] = [*fields[key], value] if isinstance(fields.get(key), list) else [fields[key], value] if key in fields else value
+    return fields
+
+
+def parse(model: type[BaseModel], body: Union[bytes, dict], content_type: str = "application/json") -> BaseModel:
+    """The request model from a body: JSON, application/x-www-form-urlencoded (a repeated field is
+    a list), or fields already read (multipart_fields). BadRequest (422) names the field at fault.
+    Runs off the event loop: a large body costs a worker thread, not every client's latency."""
+    kind = content_type.split(";")[0].strip().lower()
+    if isinstance(body, dict):
+        data: Any = body
+    elif kind == "application/x-www-form-urlencoded":
+        try:
+            form = parse_qs(body.decode("utf-8"), keep_blank_values=True, strict_parsing=False, max_num_fields=100_000)
+        except (UnicodeDecodeError, ValueError) as error:
+            raise BadRequest(422, f"body: not a valid form ({error})") from None
+        data = {k: v[0] if len(v) == 1 else v for k, v in form.items()}
+    else:
+        try:
+            data = json.loads(body)
+        except RecursionError:
+            raise BadRequest(422, "body: not valid JSON (nested too deeply)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise BadRequest(422, f"body: not valid JSON ({getattr(error, 'msg', error)})") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        raise BadRequest(422, f"{where}: {first.get('msg', 'invalid request')}") from None
+    except RecursionError:
+        raise BadRequest(422, "body: nested too deeply") from None
+
+
+def openapi_body(model: type[BaseModel], form: bool = False) -> dict:
+    """The OpenAPI requestBody of an endpoint that reads its body itself (parse)."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    content = {"application/json": {"schema": schema}}
+    if form:
+        content["application/x-www-form-urlencoded"] = content["multipart/form-data"] = {"schema": schema}
+    return {"requestBody": {"required": True, "content": content}}

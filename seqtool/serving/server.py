@@ -1,0 +1,75 @@
+"""`seqtool serve` with one process: bind the address, run uvicorn on it until SIGTERM/Ctrl-C, and
+end as `translate` does when the model cannot be loaded (one line, exit 1).
+
+The address is bound before anything else, so a busy port is the one line printed (no "ready"
+after it), and `--port 0` logs the port the kernel gave. The socket is exclusive (no
+SO_REUSEPORT): a second server on a busy port is refused, whether it has workers or not; a
+server's own workers share its one socket (pool.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from .. import log
+from ..config import DecodeConfig, ServeConfig
+from ..errors import ConfigError, ResourceError
+from .app import create_app, require_fastapi
+
+
+def listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port), this process's alone; ResourceError naming the
+    address when it is taken or cannot be had."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT only; a listening socket still refuses
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        raise ResourceError(f"--host {host} --port {port}: cannot listen there ({error.strerror})") from None
+    return sock
+
+
+def check(decode: DecodeConfig, config: ServeConfig) -> None:
+    """The server's own defaults within its caps (before anything starts)."""
+    for value, cap, option, cap_option in ((decode.beam, config.max_beam, "--beam", "--max-beam"),
+                                           (decode.nbest, config.max_nbest, "--nbest", "--max-nbest"),
+                                           (decode.max_len_b, config.max_len, "--max-len-b", "--max-len")):
+        if value > cap:
+            raise ConfigError(f"{option} {value} is over {cap_option} {cap}: the server's defaults must be within its caps")
+
+
+def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig,
+          sock: Optional[socket.socket] = None) -> None:
+    """Run the server until SIGTERM/Ctrl-C (then drain and stop). sock: a listening socket to serve on
+    instead of binding host:port (a worker of pool.py). Raises the loading error when the model
+    cannot be loaded, once the server has stopped."""
+    require_fastapi()
+    check(decode, config)
+    import uvicorn
+
+    if sock is None:
+        sock = listener(config.host, config.port)
+    config = config.replace(port=sock.getsockname()[1])
+    try:
+        app = create_app(checkpoints, decode, config)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.request_timeout) + 5))
+        service = app.state.service
+
+        def stop() -> None:
+            server.should_exit = True
+        service.on_failure = stop
+        missing = [name for name in ("httptools", "uvloop") if importlib.util.find_spec(name) is None]
+        if missing:  # uvicorn falls back to its pure-Python parser / asyncio's loop
+            log.info(f"{' and '.join(missing)} not installed: uvicorn runs its pure-Python fallbacks, which take more "
+                     f"CPU time per request (pip install 'seqtool[serve]' installs them)")
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    if service.failed is not None:  # a SeqtoolError is the user's one line (exit 1); anything else a bug (exit 2)
+        raise service.failed
