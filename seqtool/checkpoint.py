@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import os
 import pickle
 import re
 import zipfile
@@ -24,7 +23,7 @@ from typing import Any, Optional
 import torch
 
 from .config import ModelConfig
-from .errors import InputError
+from .errors import ConfigError, InputError
 from .textio import atomic_write
 
 FORMAT_VERSION = 1
@@ -97,7 +96,6 @@ def save(checkpoint: dict[str, Any], path: Path) -> None:
 
 
 _NUMBERED = re.compile(r"^checkpoint_u(\d+)\.pt$")
-_TEMP = re.compile(r"^\..+\.pt\.tmp(\d+)$")
 
 
 def pack_train_state(optimizer, scaler, state: TrainingState, rngs: list, world_size: int, ema, device: torch.device) -> dict[str, Any]:
@@ -152,34 +150,6 @@ def prune_numbered(save_dir: Path, keep: int) -> list[Path]:
     return doomed
 
 
-def remove_stale_temps(save_dir: Path) -> list[Path]:
-    """Delete the temp files of checkpoint saves whose process died (kill -9 mid-save): they are
-    never loaded, but a big model leaves big ones. A live process's temp file is left alone."""
-    removed = []
-    for path in Path(save_dir).iterdir():
-        match = _TEMP.match(path.name)
-        if not match:
-            continue
-        pid = int(match.group(1))
-        if pid != os.getpid() and _process_alive(pid):
-            continue
-        path.unlink(missing_ok=True)
-        removed.append(path)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True  # exists (another user's) or cannot tell: keep its file
-    return True
-
-
 def load(path: Path, verify: bool = True) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
@@ -191,7 +161,12 @@ def load(path: Path, verify: bool = True) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
-        # weights_only names what it refused on a line of its own
+        refused = _REFUSED_GLOBAL.search(str(error))
+        if refused:
+            raise InputError(f"{path}: refused to load: it needs the Python object {refused.group(1)}, which a seqtool checkpoint "
+                             f"never holds; loading it would run code (torch.load weights_only=True refuses it). "
+                             f"Use a file written by seqtool train or average") from None
+        # weights_only names what else it refused on a line of its own
         detail = next((line.strip() for line in str(error).splitlines() if "WeightsUnpickler error" in line), str(error).strip())
         detail = detail.removeprefix("WeightsUnpickler error:").strip()
         if "global" not in detail.lower():  # a damaged pickle stream, not a refused object
@@ -212,7 +187,46 @@ def load(path: Path, verify: bool = True) -> dict[str, Any]:
     # older files have no tokenizer digest; a file that has one must match it
     if verify and ckpt.get("tokenizer_sha256", None) not in (None, hashlib.sha256(tokenizer_bytes(ckpt)).hexdigest()):
         raise InputError(f"{path}: corrupted checkpoint: the tokenizer does not match its stored sha256; copy it again or use another checkpoint")
+    _check_model_config(ckpt, path)
     return ckpt
+
+
+# torch.load(weights_only=True) names a global it refuses: "GLOBAL posix.system whose module posix is
+# blocked", "GLOBAL __main__.Payload was not an allowed global by default"
+_REFUSED_GLOBAL = re.compile(r"GLOBAL (\S+) (?:whose module|was not an allowed global)")
+# (field, the stored tensors whose dimension dim it sets, dim); the layer counts are counted
+_SIZED_BY = (
+    ("vocab_size", re.compile(r"(embed|tgt_embed|output)\.weight"), 0),
+    ("d_model", re.compile(r"(embed|tgt_embed|output)\.weight"), 1),
+    ("d_ff", re.compile(r"(encoder|decoder)\.\d+\.ffn\.fc1\.weight"), 0),
+)
+_LAYER = re.compile(r"(encoder|decoder)\.(\d+)\.")
+
+
+def _check_model_config(ckpt: dict[str, Any], path: Path) -> None:
+    """The model configuration must be valid and fit the stored weights' shapes (their sha256 does
+    not cover the configs): an edited or damaged one is an InputError naming the file and the field,
+    never a model of the wrong size (or of terabytes) built from it."""
+    damaged = "the checkpoint is damaged or was edited"
+    if not isinstance(ckpt["model_config"], dict):
+        raise InputError(f"{path}: model_config is {type(ckpt['model_config']).__name__}, not a table of settings; {damaged}")
+    try:
+        sizes = ModelConfig.from_dict(ckpt["model_config"], "model").to_dict()
+    except ConfigError as error:
+        raise InputError(f"{path}: {error}; {damaged}") from None
+    layers: dict[str, set[int]] = {"encoder_layers": set(), "decoder_layers": set()}
+    for name, tensor in ckpt["weights"].items():
+        for field, names, dim in _SIZED_BY:
+            if names.fullmatch(name) and tensor.dim() > dim and tensor.shape[dim] != sizes[field]:
+                raise InputError(f"{path}: model.{field} = {sizes[field]} does not match the stored weights "
+                                 f"({tensor.shape[dim]}); {damaged}")
+        layer = _LAYER.match(name)
+        if layer:
+            layers[f"{layer.group(1)}_layers"].add(int(layer.group(2)))
+    for field, stored in layers.items():
+        if len(stored) != sizes[field]:
+            raise InputError(f"{path}: model.{field} = {sizes[field]} does not match the stored weights "
+                             f"({len(stored)} layers); {damaged}")
 
 
 def tokenizer_bytes(ckpt: dict[str, Any]) -> bytes:

@@ -9,11 +9,13 @@ The exported model decodes as ``seqtool translate`` does: source pieces + EOS in
 from BOS, padding and BOS can never be produced (seqtool's search bans them; here an output bias
 of -1e4 does), so CTranslate2's greedy output equals ``seqtool translate --beam 1``.
 The directory is built beside OUT_DIR and renamed into place: an interrupted export leaves no
-half-written model, and an existing OUT_DIR is replaced only with force=True.
+half-written model, and an existing OUT_DIR is replaced only with force=True, and only when it holds
+nothing but the files a seqtool export wrote there (MARKER lists them): a user's file is never deleted.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,7 +29,7 @@ FORMATS = ("ctranslate2",)
 CT2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 BANNED_LOGIT_BIAS = -1e4  # finite, so float16/bfloat16 storage keeps it; exp() of it is 0 in float32
 SPM_FILENAME = "sentencepiece.model"
-MARKER = ".seqtool-export"  # written into every exported directory: --force replaces only such directories
+MARKER = ".seqtool-export"  # written into every exported directory, listing its files: --force replaces only those
 
 
 def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force: bool = False,
@@ -53,7 +55,11 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
         build = tmp / "model"
         _convert(ckpt, build, quantization)
         (build / SPM_FILENAME).write_bytes(checkpoint.tokenizer_bytes(ckpt))
-        (build / MARKER).write_text(f"written by seqtool export from {Path(checkpoint_path).resolve()}\n")
+        files = sorted([p.name for p in build.iterdir()] + [MARKER])
+        (build / MARKER).write_text(json.dumps({"written_by": "seqtool export", "checkpoint": str(Path(checkpoint_path).resolve()),
+                                                "files": files}) + "\n")
+        if out_dir.exists():
+            check_replaceable(out_dir)  # again: files may have been added while the model was converted
         _replace_dir(build, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -62,14 +68,29 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
 
 
 def check_replaceable(out_dir: Path) -> None:
-    """--force replaces a directory seqtool export wrote (it holds MARKER) or an empty one; anything
-    else is the user's, and is refused (a run directory, a home directory, another tool's model)."""
+    """--force replaces an empty directory, or one that holds only the files a seqtool export wrote
+    (MARKER lists them); anything else is the user's, and is refused (a run directory, a home
+    directory, another tool's model, a file added to an exported directory)."""
     if not out_dir.is_dir():
         raise InputError(f"{out_dir}: exists and is not a directory; --force replaces only a directory seqtool export wrote")
-    if (out_dir / MARKER).is_file() or not any(out_dir.iterdir()):
+    found = sorted(out_dir.iterdir())
+    if not found:
         return
-    raise InputError(f"{out_dir}: was not written by seqtool export (no {MARKER} in it), so --force will not replace it; "
-                     f"choose another OUT_DIR or remove it yourself")
+    if not (out_dir / MARKER).is_file():
+        raise InputError(f"{out_dir}: was not written by seqtool export (no {MARKER} in it), so --force will not replace it; "
+                         f"choose another OUT_DIR or remove it yourself")
+    try:
+        written = json.loads((out_dir / MARKER).read_text(encoding="utf-8")).get("files")
+    except (ValueError, AttributeError, OSError):  # (UnicodeDecodeError is a ValueError)
+        written = None
+    if not isinstance(written, list):
+        raise InputError(f"{out_dir / MARKER}: does not list the files seqtool export wrote (an older seqtool wrote it, or it "
+                         f"was edited), so --force will not replace {out_dir}; choose another OUT_DIR or remove it yourself")
+    others = [p.name for p in found if p.name not in written or (p.is_dir() and not p.is_symlink())]
+    if others:
+        named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise InputError(f"{out_dir}: holds files seqtool export did not write ({named}), so --force will not replace it; "
+                         f"move them out, or choose another OUT_DIR")
 
 
 def _replace_dir(new: Path, target: Path) -> None:

@@ -3,22 +3,24 @@
 Owns last.pt (with the training state), best.pt (without it), the update-numbered copies,
 config.json and the metrics file's place: what a starting run finds (a run to resume, checked
 against this job's settings and tokenizer; an old run that a --force run replaces at its first
-save, so a failure before it leaves the old files as they were; stale temp files of a killed
-save), and the order of a save (best.pt before last.pt: a kill between the two leaves last.pt
-behind best.pt, never ahead). What goes into a checkpoint is the trainer's and checkpoint.py's.
+save, so a failure before it leaves the old files as they were; the temp files a killed run
+left: a save's, a --force run's metrics), and the order of a save (best.pt before last.pt: a kill
+between the two leaves last.pt behind best.pt, never ahead). What goes into a checkpoint is the
+trainer's and checkpoint.py's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
 from . import checkpoint, log
 from .config import RunPaths, TrainConfig, config_diff
 from .errors import ConfigError, InputError
-from .textio import atomic_write_bytes
+from .textio import atomic_write_bytes, remove_stale_temps, temp_path
 
 # Settings that may change when a run is resumed: limits and where/how fast it runs.
 RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",
@@ -31,7 +33,9 @@ class RunFiles:
     def __init__(self, save_dir: Path, configs: dict, is_main: bool):
         self.paths = RunPaths(save_dir)
         self.configs, self.is_main = configs, is_main
-        self.metrics_new = self.paths.save_dir / (self.paths.metrics.name + ".new")  # a --force run's, until its first save
+        # a --force run's metrics until its first save: a temp name with this process's PID, so the
+        # file of a run that was killed is known for what it is and removed by the next run
+        self.metrics_new = temp_path(self.paths.metrics)
         self.replacing_old_run = False
 
     @property
@@ -45,10 +49,9 @@ class RunFiles:
         there, a run that replaces it at its first save."""
         save_dir, paths = self.paths.save_dir, self.paths
         save_dir.mkdir(parents=True, exist_ok=True)
-        for stale in checkpoint.remove_stale_temps(save_dir):
-            log.info(f"removed {stale.name}, left by a save that was killed")
-        if self.is_main:
-            self.metrics_new.unlink(missing_ok=True)  # left by a --force run killed before its first save
+        # temp files of dead processes: of a killed save, or the metrics of a --force run killed before its first save
+        for stale in remove_stale_temps(save_dir, rf".+\.pt|{re.escape(paths.metrics.name)}"):
+            log.info(f"removed {stale.name}, left by a run that was killed")
         if force and any(p.exists() for p in (paths.last, paths.best, paths.metrics)):
             log.warn(f"--force: starting a new run in {save_dir}; the old run's checkpoints and metrics are replaced "
                      f"at this run's first save")
@@ -98,7 +101,7 @@ class RunFiles:
     def _replace_old_run(self, wrote_best: bool) -> None:
         """A --force run's first save, once its last.pt is written: the old run's update-numbered copies
         and best.pt (unless this save replaced it) go; this run's config.json and metrics (written to
-        metrics.jsonl.new so far) take the old ones' places."""
+        metrics_new so far) take the old ones' places."""
         checkpoint.prune_numbered(self.paths.save_dir, 0)
         if not wrote_best:
             self.paths.best.unlink(missing_ok=True)

@@ -9,9 +9,10 @@ satisfies it.
 - constraints file (`translate --constraints FILE`): one JSON list per input line; an empty line
   or [] means none. `["Dios", ["cielo", "cielos"]]`: "Dios" and one of "cielo" / "cielos".
 - glossary (`translate --glossary FILE.tsv`): `source term<TAB>target term[<TAB>another form...]`
-  per line (blank lines and lines starting with # are skipped). When a source term occurs in an
-  input line as whole words (case-sensitive unless asked otherwise), its target forms become one
-  item of that line's constraints.
+  per line (blank lines and lines starting with # are skipped; a source term given again is
+  warned about and its first entry kept). When a source term occurs in an input line as whole
+  words (case-sensitive unless asked otherwise), its target forms become one item of that line's
+  constraints.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+from . import log
 from .errors import InputError
 from .textio import read_lines, strip_line_end
 
@@ -70,7 +72,10 @@ class Glossary:
 
     @classmethod
     def read(cls, path: Path, ignore_case: bool = False) -> "Glossary":
+        """The glossary file at `path`; a source term given again (whatever its case, with
+        ignore_case) is warned about, naming both lines, and its first entry kept."""
         entries = []
+        first_line: dict[str, int] = {}  # source term (lowercased with ignore_case) -> its line
         for lineno, line in enumerate(read_lines(Path(path), "strict"), start=1):
             line = strip_line_end(line)
             if not line.strip() or line.startswith("#"):
@@ -79,6 +84,12 @@ class Glossary:
             if len(fields) < 2 or not fields[0] or not all(fields[1:]):
                 raise InputError(f"{path}:{lineno}: expected 'source term<TAB>target term' (more TAB-separated target forms "
                                  f"allowed), got {line!r}")
+            term = fields[0].lower() if ignore_case else fields[0]
+            if term in first_line:
+                log.warn(f"{path}:{lineno}: duplicate source term {fields[0]!r} (first at {path}:{first_line[term]}); "
+                         f"the first entry is kept, this one ignored")
+                continue
+            first_line[term] = lineno
             entries.append((fields[0], fields[1:]))
         return cls(entries, ignore_case)
 

@@ -1,17 +1,21 @@
 """Reading text the way every command promises: lines end at \\n only.
 
 Owns opening plain or gzip files, splitting on b"\\n" alone (so \\r, \\x85 and U+2028 inside a line
-stay text), stripping one trailing \\r (CRLF files), decoding UTF-8 with a clear error naming the
-file and line (or replacing it with a warning), standard input that is closed, and the one-line
-errors for missing or unreadable inputs and unwritable outputs.
+stay text), stripping one trailing \\r (CRLF files) and a UTF-8 byte order mark before the first
+line (Windows editors write one), decoding UTF-8 with a clear error naming the file and line (or
+replacing it with a warning), standard input that is closed, the one-line errors for missing or
+unreadable inputs and unwritable outputs, and the temp files of atomic writes (named with their
+writer's PID, so a dead writer's are known and removed).
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import errno
 import gzip
 import os
+import re
 import sys
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Optional, Sequence, TextIO
@@ -54,7 +58,8 @@ def decode_line(raw: bytes, where: str, lineno: int, errors: str = "strict") -> 
 
 class LineDecoder:
     """decode_line for one stream, with --errors: strict stops at the first invalid line; replace
-    puts U+FFFD for the bad bytes and warns, naming the line (the first WARN_LINES, then a count)."""
+    puts U+FFFD for the bad bytes and warns, naming the line (the first WARN_LINES, then a count).
+    A byte order mark at the start of line 1 is not text and is dropped."""
 
     def __init__(self, where: str, errors: str = "strict"):
         if errors not in ("strict", "replace"):
@@ -62,6 +67,8 @@ class LineDecoder:
         self.where, self.errors, self.replaced = where, errors, 0
 
     def __call__(self, raw: bytes, lineno: int) -> str:
+        if lineno == 1:
+            raw = raw.removeprefix(codecs.BOM_UTF8)
         try:
             return decode_line(raw, self.where, lineno)
         except InputError:
@@ -166,6 +173,37 @@ def temp_path(path: Path, pid: int = 0) -> Path:
     """The hidden temp file atomic_write uses for `path` (never named like the real file)."""
     path = Path(path)
     return path.with_name(f".{path.name}.tmp{pid or os.getpid()}")
+
+
+def remove_stale_temps(directory: Path, names: str) -> list[Path]:
+    """Delete the temp files (temp_path's) in `directory` of the files whose names match the regular
+    expression `names`, left by a process that died (kill -9 mid-write); a live process's are left
+    alone, and so is anything else. Returns what was deleted."""
+    pattern = re.compile(rf"^\.(?:{names})\.tmp(\d+)$")
+    removed = []
+    for path in Path(directory).iterdir():
+        match = pattern.match(path.name)
+        if not match:
+            continue
+        pid = int(match.group(1))
+        if pid != os.getpid() and process_alive(pid):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` exists here (True where that cannot be told: its files are kept)."""
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (another user's) or cannot tell: keep its file
+    return True
 
 
 def fsync_directory(directory: Path) -> None:

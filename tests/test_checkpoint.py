@@ -1,5 +1,8 @@
 """Checkpoints: self-contained, loaded without running code, corruption detected, averaging."""
 
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -41,6 +44,26 @@ def test_a_pickle_carrying_code_is_refused_not_run(tmp_path, capsys):
     assert "code ran" not in capsys.readouterr().out
 
 
+class CallsSystem:
+    def __reduce__(self):
+        return (os.system, ("echo code ran",))
+
+
+class Plain:
+    pass
+
+
+@pytest.mark.parametrize("payload, name", [(CallsSystem(), f"{os.system.__module__}.system"), (Plain(), f"{__name__}.Plain")],
+                         ids=["blocked-module", "not-allowed-class"])
+def test_a_refused_pickle_is_named_by_the_python_object_it_needs(tmp_path, payload, name):
+    path = tmp_path / "evil.pt"
+    torch.save({"format_version": 1, "payload": payload}, path)
+    with pytest.raises(InputError) as error:
+        checkpoint.load(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: refused to load: it needs the Python object {name}, ") and "\n" not in message
+
+
 def test_truncated_checkpoint_is_reported(tiny_checkpoint, tmp_path):
     data = tiny_checkpoint.read_bytes()
     path = tmp_path / "cut.pt"
@@ -58,6 +81,47 @@ def test_changed_weights_are_reported_as_corruption(tiny_checkpoint, tmp_path):
     torch.save(ckpt, path)
     with pytest.raises(InputError, match="sha256"):
         checkpoint.load(path)
+
+
+def _edited(tiny_checkpoint, path, **changes):
+    """The tiny checkpoint with its model configuration changed (its weights, and their sha256, as they were)."""
+    ckpt = torch.load(tiny_checkpoint, weights_only=True)
+    ckpt["model_config"] = ckpt["configs"]["model"] = {**ckpt["model_config"], **changes}
+    torch.save(ckpt, path)
+    return path
+
+
+# the tiny checkpoint: vocab_size 24, d_model 128, n_heads 4, d_ff 512, 2 + 2 layers
+@pytest.mark.parametrize("changes, words", [
+    ({"d_ff": 2 ** 40}, "model.d_ff"),
+    ({"d_ff": -5}, "model.d_ff"),
+    ({"d_ff": 1024}, "model.d_ff = 1024 does not match the stored weights (512)"),
+    ({"d_model": 256}, "model.d_model = 256 does not match the stored weights (128)"),
+    ({"vocab_size": 30}, "model.vocab_size = 30 does not match the stored weights (24)"),
+    ({"decoder_layers": 6}, "model.decoder_layers = 6 does not match the stored weights (2 layers)"),
+    ({"n_heads": 0}, "n_heads"),
+    ({"n_heads": 3}, "n_heads"),
+    ({"max_positions": 2 ** 40}, "model.max_positions"),
+    ({"d_ff": "512"}, "d_ff"),
+])
+def test_an_edited_model_config_is_named_never_built(tiny_checkpoint, tmp_path, changes, words):
+    path = _edited(tiny_checkpoint, tmp_path / "edited.pt", **changes)
+    with pytest.raises(InputError) as error:
+        checkpoint.load(path)
+    message = str(error.value)
+    assert message.startswith(f"{path}: ") and words in message and message.endswith("the checkpoint is damaged or was edited")
+    assert "\n" not in message
+
+
+def test_translate_with_an_edited_checkpoint_is_one_line_not_a_bug(tiny_checkpoint, tmp_path):
+    for changes in ({"d_ff": 2 ** 40}, {"d_model": 256}):
+        path = _edited(tiny_checkpoint, tmp_path / "tampered.pt", **changes)
+        result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(path), "--device", "cpu"],
+                                input=b"a b\n", capture_output=True, timeout=300)
+        err = result.stderr.decode()
+        assert result.returncode == 1 and "Traceback" not in err, err
+        (line,) = [x for x in err.splitlines() if x.startswith("error:")]
+        assert line.startswith(f"error: {path}: model.{next(iter(changes))}") and "damaged or was edited" in line, line
 
 
 def test_other_format_version_is_explained(tiny_checkpoint, tmp_path):

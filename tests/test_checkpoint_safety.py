@@ -14,7 +14,7 @@ import torch
 from seqtool import checkpoint
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.errors import InputError
-from seqtool.textio import temp_path
+from seqtool.textio import remove_stale_temps, temp_path
 from seqtool.train import Trainer, TrainJob, train
 
 from conftest import tiny_job
@@ -88,7 +88,7 @@ KILLED_SAVE = textwrap.dedent("""
 
     train(TrainJob(save_dir=Path(sys.argv[2]), model=model_config_for("tiny"), optim=OptimConfig(warmup=10, lr_schedule="inverse-sqrt"),
                    train=TrainConfig(max_tokens=600, threads=1, max_updates=4, save_interval_updates=1),
-                   data_dir=Path(sys.argv[1])))
+                   data_dir=Path(sys.argv[1]), force=sys.argv[3:] == ["--force"]))
 """)
 
 
@@ -114,6 +114,24 @@ def test_kill_just_before_the_rename_leaves_the_previous_last_pt(small_corpus, t
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
 
 
+def test_a_force_run_killed_before_its_first_save_leaves_the_old_run_and_only_temp_files(small_corpus, tmp_path):
+    save = tmp_path / "run"
+    train(_job(small_corpus, save, max_updates=2, lr_schedule="inverse-sqrt"))
+    before = _snapshot(save)
+    killed = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(small_corpus / "bin"), str(save), "--force"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == 9, err
+    after = _snapshot(save)
+    assert {name: data for name, data in after.items() if name in before} == before  # the old run, whole
+    metrics = temp_path(save / "metrics.jsonl", pid=killed.pid)  # its metrics so far, under its PID: no metrics.jsonl.new
+    assert set(after) - set(before) - {".seqtool.lock"} == {metrics.name, temp_path(save / "last.pt", pid=killed.pid).name}
+    assert '"update": 1' in metrics.read_text()
+    # the next run resumes the old run and removes the dead run's files
+    assert train(_job(small_corpus, save, max_updates=3, lr_schedule="inverse-sqrt")).updates == 3
+    assert sorted(p.name for p in save.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl"]
+
+
 def test_save_fsyncs_the_file_then_the_directory(tiny_checkpoint, tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
@@ -134,7 +152,7 @@ def test_stale_temp_files_of_dead_saves_are_removed_live_ones_kept(tmp_path):
     other = tmp_path / ".notes.tmp123"
     for p in (dead, alive, other):
         p.write_bytes(b"partial")
-    assert checkpoint.remove_stale_temps(tmp_path) == [dead]
+    assert remove_stale_temps(tmp_path, r".+\.pt") == [dead]
     assert not dead.exists() and alive.exists() and other.exists()
 
 

@@ -1,6 +1,7 @@
 """Lexical constraints: exact tests with scripted probabilities, properties on a real model, the
 glossary's word boundaries, and the CLI, the Python API and the server taking the same."""
 
+import codecs
 import json
 import math
 import subprocess
@@ -17,6 +18,7 @@ from seqtool.errors import InputError
 from seqtool.model import Transformer
 from seqtool.search import beam_search, search
 from seqtool.terms import Glossary, parse_constraints_line
+from seqtool.textio import LockstepLines
 from test_search import EOS, NO_EOS, TABLE, A, B, ScriptedModel, _src, real_model  # noqa: F401 (a fixture)
 
 
@@ -160,6 +162,29 @@ def test_the_glossary_matches_whole_words_case_sensitively_by_default(tmp_path):
     path.write_text("Dios God\n", encoding="utf-8")
     with pytest.raises(InputError, match=r"g.tsv:1: expected 'source term<TAB>target term'"):
         Glossary.read(path)
+
+
+def test_a_byte_order_mark_is_not_read_as_text_in_a_glossary_or_a_constraints_file(tmp_path):
+    glossary = tmp_path / "g.tsv"
+    glossary.write_bytes(codecs.BOM_UTF8 + "Dios\tGod\ncielo\theaven\n".encode())  # as Windows editors save UTF-8
+    assert Glossary.read(glossary).match("Dios creó el cielo.") == ["God", "heaven"]  # the first entry too
+    constraints = tmp_path / "c.jsonl"
+    constraints.write_bytes(codecs.BOM_UTF8 + b'["God"]\n[]\n')
+    lines = LockstepLines(constraints, "<stdin>", "--constraints", "one JSON list per input line")
+    assert [parse_constraints_line(line, f"c.jsonl:{k + 1}") for k, line in enumerate(lines.take(0, 2))] == [["God"], []]
+
+
+def test_a_source_term_given_twice_is_warned_about_naming_both_lines_and_the_first_kept(tmp_path, capsys):
+    path = tmp_path / "g.tsv"
+    path.write_text("Dios\tGod\ncielo\theaven\nDios\tDeity\n", encoding="utf-8")
+    assert Glossary.read(path).match("Dios y cielo") == ["God", "heaven"]
+    err = capsys.readouterr().err
+    assert f"warning: {path}:3: duplicate source term 'Dios' (first at {path}:1)" in err
+    path.write_text("Dios\tGod\ndios\tdeity\n", encoding="utf-8")
+    assert Glossary.read(path).match("dios Dios") == ["God", "deity"]  # case-sensitive: two terms, no warning
+    assert "duplicate" not in capsys.readouterr().err
+    assert Glossary.read(path, ignore_case=True).match("dios") == ["God"]  # one term whatever its case
+    assert f"{path}:2: duplicate source term 'dios' (first at {path}:1)" in capsys.readouterr().err
 
 
 def test_a_constraints_line_is_a_json_list_of_phrases_or_of_forms():

@@ -1,5 +1,6 @@
 """seqtool export --format ctranslate2: CTranslate2 decodes the exported model as seqtool does."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from seqtool.tokenizer import train_tokenizer
 from seqtool.translate import Translator
 
 import ctranslate2  # an optional extra of seqtool, installed in CI
-from seqtool.export import export
+from seqtool.export import MARKER, export
 
 runner = CliRunner()
 
@@ -95,10 +96,36 @@ def test_refuses_to_overwrite_without_force_and_replaces_only_its_own_output(tin
     assert sorted(p.name for p in run_dir.iterdir()) == before
     mine = tmp_path / "exported"
     export(tiny_checkpoint, mine)
-    (mine / "stale.txt").write_text("from the first export")
+    (mine / "model.bin").write_bytes(b"an older model")
     export(tiny_checkpoint, mine, force=True)  # seqtool's own export: replaced
-    assert not (mine / "stale.txt").exists() and (mine / "model.bin").exists()
+    assert (mine / "model.bin").read_bytes() != b"an older model"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary directory left behind
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+def test_force_never_deletes_a_file_added_to_an_exported_directory_and_names_it(tiny_checkpoint, tmp_path):
+    out = export(tiny_checkpoint, tmp_path / "ct2")
+    assert json.loads((out / MARKER).read_text())["files"] == sorted(p.name for p in out.iterdir())  # what it wrote
+    (out / "notes.txt").write_text("mine")
+    before = _files(out)
+    result = runner.invoke(app, ["export", str(tiny_checkpoint), str(out), "--force"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    (line,) = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert f"{out}: holds files seqtool export did not write (notes.txt)" in line
+    for k in range(4):
+        (out / f"extra{k}.txt").write_text("mine")
+    with pytest.raises(InputError, match=r"did not write \(extra0.txt, extra1.txt, extra2.txt and 2 more\)"):
+        export(tiny_checkpoint, out, force=True)
+    assert {name: data for name, data in _files(out).items() if name in before} == before
+    for name in ["notes.txt"] + [f"extra{k}.txt" for k in range(4)]:
+        (out / name).unlink()
+    (out / MARKER).write_text("written by seqtool export from model.pt\n")  # an older seqtool's: no list of files
+    with pytest.raises(InputError, match="does not list the files seqtool export wrote"):
+        export(tiny_checkpoint, out, force=True)
+    assert sorted(_files(out)) == sorted(before.keys() - {"notes.txt"})
 
 
 def test_a_failed_export_leaves_nothing_and_keeps_the_old_directory(tiny_checkpoint, tmp_path, monkeypatch):
@@ -106,7 +133,7 @@ def test_a_failed_export_leaves_nothing_and_keeps_the_old_directory(tiny_checkpo
 
     out = tmp_path / "ct2"
     export(tiny_checkpoint, out)
-    (out / "mine.txt").write_text("keep")
+    before = _files(out)
 
     def broken(ckpt):
         raise RuntimeError("disk full")
@@ -114,7 +141,7 @@ def test_a_failed_export_leaves_nothing_and_keeps_the_old_directory(tiny_checkpo
     monkeypatch.setattr(seqtool.export, "ctranslate2_spec", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         export(tiny_checkpoint, out, force=True)
-    assert (out / "mine.txt").read_text() == "keep"
+    assert _files(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
 
 
