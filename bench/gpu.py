@@ -3,7 +3,7 @@
 
 For a GPU machine with no network and only this repository (torch 2.11): the data is
 data/bible-es-en/*.gz. In one process (torch is imported once), through seqtool's own training
-code (seqtool.train.train, exactly what `seqtool train` runs):
+code (seqtool.training.train.train, exactly what `seqtool train` runs):
 
 1. a BPE tokenizer (8000 pieces) and binarized data in WORK;
 2. the base preset in fp32, bf16 and fp16 for --check-updates updates (300): tokens/s, MFU, and
@@ -117,7 +117,7 @@ def run_one(bin_dir: Path, work: Path, arch: str, precision: str, updates: int, 
     import torch
 
     from seqtool.config import OptimConfig, TrainConfig, model_config_for
-    from seqtool.train import TrainJob, train
+    from seqtool.training.train import TrainJob, train
 
     save = fresh(work / f"{arch}-{precision}")
     device = "cpu" if a.dry_run else "cuda"
@@ -162,7 +162,7 @@ def decode_check(bin_dir: Path, work: Path, a) -> list[dict]:
     import sacrebleu
 
     from seqtool.config import DecodeConfig, OptimConfig, TrainConfig, model_config_for
-    from seqtool.train import TrainJob, train
+    from seqtool.training.train import TrainJob, train
     from seqtool.translate import Translator
 
     device = "cpu" if a.dry_run else "cuda"

@@ -4,7 +4,7 @@ SDPA's cuDNN backend, a torch.profiler table of a short bf16 run, and the fp32/b
 a configuration that leaves the unigram plateau (bench/gpu.py's check at lr 7e-4 with a
 20-update warmup stayed at loss 6.59 in every precision, so it compared nothing).
 
-Uses bench/gpu.py's data preparation and run_one (seqtool.train.train, what `seqtool train`
+Uses bench/gpu.py's data preparation and run_one (seqtool.training.train.train, what `seqtool train`
 runs). About three minutes on an H200; `--dry-run` checks the script on CPU (figures mean nothing).
 """
 

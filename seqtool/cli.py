@@ -145,7 +145,7 @@ def train(
     """Train a Transformer on DATA_DIR, or directly on raw parallel files."""
     from .config import TokenizerConfig
     from .settings import parse_duration, train_settings
-    from .train import RawData, TrainJob, train as run
+    from .training.train import RawData, TrainJob, train as run
 
     options = dict(dropout=dropout, pre_norm=pre_norm, lr=lr, warmup=warmup, lr_schedule=lr_schedule,
                    label_smoothing=label_smoothing, clip_norm=clip_norm, max_tokens=max_tokens, max_updates=max_updates,
@@ -160,7 +160,7 @@ def train(
     settings = train_settings(arch, options, config_file)
     tune = None
     if finetune is not None:  # the model comes from the checkpoint; what was asked explicitly is checked against it
-        from .finetune import Finetune
+        from .training.finetune import Finetune
 
         tune = Finetune(finetune, settings.asked_model)
     raw = None
@@ -173,7 +173,7 @@ def train(
     job = TrainJob(save_dir=save_dir, model=settings.model, optim=settings.optim, train=settings.train, data_dir=data_dir,
                    raw=raw, force=force, finetune=tune)
     result = run(job)
-    from .distributed import environment
+    from .training.distributed import environment
 
     if environment().rank != 0:  # under torchrun the summary is rank 0's to print
         return

@@ -100,7 +100,7 @@ def tiny_job(data_dir: Path, save_dir: Path, model: str = "tiny", finetune=None,
     (A run whose limit is raised on resume needs lr_schedule="inverse-sqrt" to equal an unbroken
     one: the default decays to the limit it was started with.)"""
     from seqtool.config import OptimConfig, TrainConfig
-    from seqtool.train import TrainJob
+    from seqtool.training.train import TrainJob
 
     train_options.setdefault("max_tokens", 600)
     train_options.setdefault("threads", 2)
@@ -111,7 +111,7 @@ def tiny_job(data_dir: Path, save_dir: Path, model: str = "tiny", finetune=None,
 def interrupted_then_resumed(job, at_update: int, monkeypatch):
     """Run `job` until a Ctrl-C arrives before update `at_update` + 1 (last.pt saved), then run the
     same job again, which resumes it; returns the second run's TrainResult."""
-    from seqtool.train import Trainer, train
+    from seqtool.training.train import Trainer, train
 
     real_step = Trainer._step
 

@@ -15,7 +15,7 @@ from seqtool import checkpoint
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.errors import InputError
 from seqtool.textio import remove_stale_temps, temp_path
-from seqtool.train import Trainer, TrainJob, train
+from seqtool.training.train import Trainer, TrainJob, train
 
 from conftest import tiny_job
 
@@ -84,7 +84,7 @@ KILLED_SAVE = textwrap.dedent("""
 
     os.replace = die_before_rename
     from seqtool.config import OptimConfig, TrainConfig, model_config_for
-    from seqtool.train import TrainJob, train
+    from seqtool.training.train import TrainJob, train
 
     train(TrainJob(save_dir=Path(sys.argv[2]), model=model_config_for("tiny"), optim=OptimConfig(warmup=10, lr_schedule="inverse-sqrt"),
                    train=TrainConfig(max_tokens=600, threads=1, max_updates=4, save_interval_updates=1),
@@ -273,11 +273,11 @@ def test_force_deletes_nothing_until_the_new_run_has_saved(small_corpus, tmp_pat
 
 
 def test_a_save_cut_between_best_and_last_never_loses_the_better_best(small_corpus, tmp_path, monkeypatch):
-    import seqtool.validate
-    from seqtool.validate import ValidResult
+    import seqtool.training.validate
+    from seqtool.training.validate import ValidResult
 
     losses = iter([3.0, 2.0, 2.5, 2.6])
-    monkeypatch.setattr(seqtool.validate, "evaluate", lambda *a, **k: ValidResult(*(2 * [next(losses)])))
+    monkeypatch.setattr(seqtool.training.validate, "evaluate", lambda *a, **k: ValidResult(*(2 * [next(losses)])))
     real, calls = checkpoint.save, []
 
     def killed_after_best(ckpt, path):

@@ -32,16 +32,16 @@ def test_python_dash_m_works_like_the_script():
 
 
 def test_train_options_reach_the_library_call(monkeypatch, tmp_path):
-    import seqtool.train
+    import seqtool.training.train
 
     seen = {}
 
     def fake_train(job):
         seen["job"] = job
-        from seqtool.train import TrainResult
+        from seqtool.training.train import TrainResult
         return TrainResult(1, 0.1, 1.0, 1.0, 10, 1.0, 0, job.save_dir, "max-updates")
 
-    monkeypatch.setattr(seqtool.train, "train", fake_train)
+    monkeypatch.setattr(seqtool.training.train, "train", fake_train)
     result = runner.invoke(app, ["train", str(tmp_path / "data"), "--save-dir", str(tmp_path / "run"), "--arch", "tiny",
                                  "--max-tokens", "1234", "--lr", "5e-4", "--warmup", "77", "--label-smoothing", "0.2",
                                  "--dropout", "0.3", "--clip-norm", "0.5", "--max-updates", "9", "--max-epochs", "3",
@@ -56,10 +56,10 @@ def test_train_options_reach_the_library_call(monkeypatch, tmp_path):
 
 
 def test_train_on_raw_files_and_config_file(monkeypatch, tmp_path):
-    import seqtool.train
+    import seqtool.training.train
 
     seen = {}
-    monkeypatch.setattr(seqtool.train, "train", lambda job: seen.setdefault("job", job) and (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr(seqtool.training.train, "train", lambda job: seen.setdefault("job", job) and (_ for _ in ()).throw(SystemExit(0)))
     cfg = tmp_path / "c.toml"
     cfg.write_text('arch = "base"\n[model]\ndropout = 0.25\n[optim]\nlr = 0.002\n[train]\nmax_updates = 11\n')
     runner.invoke(app, ["train", "--src", "es", "--tgt", "en", "--train", "p/train", "--valid", "p/valid",

@@ -13,11 +13,12 @@ import time
 import pytest
 import torch
 
-from seqtool import checkpoint, distributed
+from seqtool import checkpoint
+from seqtool.training import distributed
 from seqtool.config import ConfigError, ModelConfig, OptimConfig, TrainConfig, model_config_for
 from seqtool.data import shard_batches
 from seqtool.model import Transformer
-from seqtool.train import TrainJob, train
+from seqtool.training.train import TrainJob, train
 
 from conftest import binarized_reverse_corpus
 

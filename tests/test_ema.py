@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from seqtool import checkpoint
-from seqtool.ema import EMA
-from seqtool.train import train
+from seqtool.training.ema import EMA
+from seqtool.training.train import train
 
 from conftest import binarized_reverse_corpus, interrupted_then_resumed, tiny_job
 
@@ -84,7 +84,7 @@ def test_the_average_becomes_best_pt_only_when_validation_says_it_is_better(data
     # forced both ways: a worse average leaves best.pt alone, a better one replaces it
     for verdict in (False, True):
         other = tmp_path / f"forced-{verdict}"
-        monkeypatch.setattr("seqtool.validate.EarlyStopping.beats_best", lambda self, result, v=verdict: v)
+        monkeypatch.setattr("seqtool.training.validate.EarlyStopping.beats_best", lambda self, result, v=verdict: v)
         train(tiny_job(data_dir, other, max_updates=12, ema_decay=0.9))
         assert bool(checkpoint.load(other / "best.pt").get("averaged")) is verdict
 

@@ -30,7 +30,7 @@ def test_the_old_import_places_name_the_same_classes():
 
 
 def test_training_errors_are_classified():
-    from seqtool import distributed, update
+    from seqtool.training import distributed, update
 
     assert issubclass(update.OutOfMemory, errors.ResourceError)
     assert issubclass(update.Diverged, errors.ConfigError)

@@ -10,10 +10,10 @@ from seqtool import checkpoint
 from seqtool.binarize import SplitSpec, binarize
 from seqtool.cli import app
 from seqtool.config import ConfigError, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
-from seqtool.finetune import Finetune
+from seqtool.training.finetune import Finetune
 from seqtool.textio import InputError
 from seqtool.tokenizer import train_tokenizer
-from seqtool.train import RawData, Trainer, TrainJob, train
+from seqtool.training.train import RawData, Trainer, TrainJob, train
 
 from conftest import tiny_job
 
@@ -88,10 +88,10 @@ def test_missing_finetune_checkpoint_is_a_clear_error(small_corpus, tmp_path):
 
 
 def test_finetune_option_reaches_the_library_with_the_model_options_given(monkeypatch, tmp_path):
-    import seqtool.train
+    import seqtool.training.train
 
     seen = []
-    monkeypatch.setattr(seqtool.train, "train", lambda job: seen.append(job) or (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr(seqtool.training.train, "train", lambda job: seen.append(job) or (_ for _ in ()).throw(SystemExit(0)))
     runner = CliRunner()
     runner.invoke(app, ["train", "data", "--save-dir", "run", "--finetune", "base.pt", "--dropout", "0.2"])
     runner.invoke(app, ["train", "data", "--save-dir", "run", "--finetune", "base.pt", "--arch", "tiny"])

@@ -9,7 +9,7 @@ from seqtool import checkpoint
 from seqtool.cli import app
 from seqtool.config import OptimConfig, TrainConfig, model_config_for
 from seqtool.info import describe
-from seqtool.train import TrainJob, train
+from seqtool.training.train import TrainJob, train
 
 runner = CliRunner()
 

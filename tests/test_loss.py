@@ -4,8 +4,8 @@ torch's cross_entropy over the whole logits, in value and in gradient, whatever 
 import pytest
 import torch
 
-from seqtool import loss as loss_mod
-from seqtool.loss import label_smoothed_nll
+from seqtool.training import loss as loss_mod
+from seqtool.training.loss import label_smoothed_nll
 
 
 @pytest.fixture(params=[1 << 30, 4 * 13 * 64], ids=["one block", "blocks of 64 rows"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from seqtool.config import ModelConfig, model_config_for
-from seqtool.loss import label_smoothed_nll
+from seqtool.training.loss import label_smoothed_nll
 from seqtool.cache import KVCache
 from seqtool.model import MultiHeadAttention, Transformer, sinusoidal_positions
 

@@ -5,9 +5,9 @@ import math
 
 import pytest
 
-from seqtool import schedule
+from seqtool.training import schedule
 from seqtool.config import ConfigError, OptimConfig, TrainConfig
-from seqtool.schedule import Schedule, resolve
+from seqtool.training.schedule import Schedule, resolve
 
 from conftest import interrupted_then_resumed, tiny_job
 
@@ -95,7 +95,7 @@ def test_a_time_budget_decays_with_the_clock_counted_across_resumes(tmp_path, mo
     """A fake clock that advances 1 s per reading: the learning rate of each update follows the
     share of --max-time trained, and a resumed run continues from the saved seconds."""
     from conftest import binarized_reverse_corpus
-    from seqtool import train as train_module
+    from seqtool.training import train as train_module
 
     data = binarized_reverse_corpus(tmp_path)
     clock = [1000.0]

@@ -8,7 +8,7 @@ import torch
 from seqtool import checkpoint
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.textio import InputError
-from seqtool.train import TrainJob, train
+from seqtool.training.train import TrainJob, train
 
 from conftest import binarized_reverse_corpus, interrupted_then_resumed, tiny_job
 
@@ -50,7 +50,7 @@ def test_the_heap_is_trimmed_around_each_validation_and_save(data_dir, tmp_path,
     """CPU training hands free heap pages back just before validating and just after the checkpoint
     is written, whenever the once-a-second trims last ran (the protocol's peak RSS came right there)."""
     from seqtool import allocator
-    from seqtool.train import Trainer
+    from seqtool.training.train import Trainer
 
     events = []
     monkeypatch.setattr(allocator.HeapTrimmer, "__call__", lambda self, now, force=False: events.append(("trim", force)))

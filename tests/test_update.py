@@ -10,11 +10,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from seqtool import update
+from seqtool.training import update
 from seqtool.cli import app
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
 from seqtool.model import Transformer
-from seqtool.train import TrainJob, train
+from seqtool.training.train import TrainJob, train
 
 from conftest import binarized_reverse_corpus, tiny_job
 
@@ -333,15 +333,15 @@ def test_out_of_memory_is_one_line_on_the_command_line(monkeypatch, data_dir, tm
 
 # ---- the command line ------------------------------------------------------------------------
 def test_train_cli_passes_the_scaling_options(monkeypatch, tmp_path):
-    import seqtool.train
+    import seqtool.training.train
 
     seen = []
 
     def fake_train(job):
         seen.append(job)
-        return seqtool.train.TrainResult(1, 0.1, 1.0, 1.0, 10, 1.0, 0, job.save_dir, "max-updates")
+        return seqtool.training.train.TrainResult(1, 0.1, 1.0, 1.0, 10, 1.0, 0, job.save_dir, "max-updates")
 
-    monkeypatch.setattr(seqtool.train, "train", fake_train)
+    monkeypatch.setattr(seqtool.training.train, "train", fake_train)
     runner = CliRunner()
     base = ["train", str(tmp_path / "data"), "--save-dir", str(tmp_path / "run")]
     result = runner.invoke(app, base + ["--update-freq", "4", "--dist-timeout", "30", "--compile", "--precision", "fp16"])

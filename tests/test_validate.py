@@ -10,15 +10,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import seqtool.validate
+import seqtool.training.validate
 from seqtool import checkpoint
 from seqtool.checkpoint import TrainingState
 from seqtool.cli import app
 from seqtool.config import ConfigError, OptimConfig, TrainConfig, model_config_for
-from seqtool.metrics import MetricsLog
+from seqtool.training.metrics import MetricsLog
 from seqtool.score import score_lines
-from seqtool.train import TrainJob, train
-from seqtool.validate import EarlyStopping, ValidResult
+from seqtool.training.train import TrainJob, train
+from seqtool.training.validate import EarlyStopping, ValidResult
 
 from conftest import tiny_job
 
@@ -41,14 +41,14 @@ def _script(monkeypatch, values):
         calls.append((loss, bleu))
         return ValidResult(loss, loss, bleu=bleu, chrf=None if bleu is None else bleu + 30.0)
 
-    monkeypatch.setattr(seqtool.validate, "evaluate", scripted)
+    monkeypatch.setattr(seqtool.training.validate, "evaluate", scripted)
     return calls
 
 
 def test_eval_bleu_hypotheses_are_what_translate_gives(small_corpus, tmp_path, monkeypatch):
-    real = seqtool.validate.evaluate
+    real = seqtool.training.validate.evaluate
     seen = []
-    monkeypatch.setattr(seqtool.validate, "evaluate", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+    monkeypatch.setattr(seqtool.training.validate, "evaluate", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
     save = tmp_path / "run"
     train(_job(small_corpus, save, max_updates=30, eval_bleu=True, eval_bleu_beam=3, ema_decay=0.0, precision="fp32"))
     hyps = seen[-1].hypotheses  # the final validation: the weights in last.pt
@@ -167,10 +167,10 @@ def test_metrics_jsonl_writes_null_for_undefined_numbers(tmp_path):
 
 
 def test_validation_options_reach_the_library_call(monkeypatch, tmp_path):
-    import seqtool.train
+    import seqtool.training.train
 
     seen = {}
-    monkeypatch.setattr(seqtool.train, "train", lambda job: seen.setdefault("job", job) and (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr(seqtool.training.train, "train", lambda job: seen.setdefault("job", job) and (_ for _ in ()).throw(SystemExit(0)))
     CliRunner().invoke(app, ["train", "data", "--save-dir", str(tmp_path / "run"), "--eval-bleu", "--eval-bleu-beam", "3",
                              "--eval-bleu-lenpen", "0.8", "--eval-bleu-max-len-a", "1.5", "--eval-bleu-max-len-b", "20",
                              "--best-metric", "chrf", "--patience", "4", "--save-interval-updates", "100", "--keep-last", "2",
@@ -182,10 +182,10 @@ def test_validation_options_reach_the_library_call(monkeypatch, tmp_path):
 
 
 def test_validation_settings_come_from_a_config_file_too(monkeypatch, tmp_path):
-    import seqtool.train
+    import seqtool.training.train
 
     seen = {}
-    monkeypatch.setattr(seqtool.train, "train", lambda job: seen.setdefault("job", job) and (_ for _ in ()).throw(SystemExit(0)))
+    monkeypatch.setattr(seqtool.training.train, "train", lambda job: seen.setdefault("job", job) and (_ for _ in ()).throw(SystemExit(0)))
     cfg = tmp_path / "c.toml"
     cfg.write_text("[train]\neval_bleu = true\nbest_metric = \"bleu\"\npatience = 5\n")
     CliRunner().invoke(app, ["train", "data", "--save-dir", str(tmp_path / "run"), "--config", str(cfg)])
@@ -212,7 +212,7 @@ def test_eval_bleu_needs_a_valid_split(small_corpus, tmp_path):
 
 def test_validation_leaves_the_random_state_alone(small_corpus, tmp_path):
     """Exact resume needs validation (with decoding) to draw no random numbers."""
-    from seqtool.train import Trainer
+    from seqtool.training.train import Trainer
 
     trainer = Trainer(_job(small_corpus, tmp_path / "run", eval_bleu=True, eval_bleu_max_len_b=5))
     before = torch.get_rng_state()

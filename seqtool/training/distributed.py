@@ -34,8 +34,8 @@ from typing import Any, Mapping, Optional
 import torch
 from torch import nn
 
-from . import log
-from .errors import ConfigError
+from .. import log
+from ..errors import ConfigError
 
 FAULT_ENV = "SEQTOOL_FAULT"
 

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from . import checkpoint
-from .errors import ConfigError
-from .config import ModelConfig
-from .errors import InputError
-from .textio import atomic_write_bytes
-from .tokenizer import Tokenizer
+from .. import checkpoint
+from ..errors import ConfigError
+from ..config import ModelConfig
+from ..errors import InputError
+from ..textio import atomic_write_bytes
+from ..tokenizer import Tokenizer
 
 # Model settings a fine-tuning run may change: regularisation only; everything else shapes the weights.
 CHANGEABLE = ("dropout", "attention_dropout", "activation_dropout")

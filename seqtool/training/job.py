@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from . import distributed, finetune, log
-from .binarize import SplitSpec, binarize
-from .config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig
-from .data import ParallelDataset, epoch_batches, min_pair_length, read_meta
-from .errors import ConfigError, InputError
-from .tokenizer import Tokenizer, train_tokenizer
+from .. import log
+from . import distributed, finetune
+from ..binarize import SplitSpec, binarize
+from ..config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig
+from ..data import ParallelDataset, epoch_batches, min_pair_length, read_meta
+from ..errors import ConfigError, InputError
+from ..tokenizer import Tokenizer, train_tokenizer
 
 
 @dataclass
@@ -70,7 +71,7 @@ def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path
     src, tgt = job.train.src_lang, job.train.tgt_lang
     if not src or not tgt:
         raise ConfigError("training on raw files needs --src and --tgt")
-    from .textio import find_split_file
+    from ..textio import find_split_file
 
     files = [find_split_file(job.raw.train_prefix, src), find_split_file(job.raw.train_prefix, tgt)]
     find_split_file(job.raw.valid_prefix, src), find_split_file(job.raw.valid_prefix, tgt)  # fail early

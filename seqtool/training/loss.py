@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .kernels import matmul_t
+from ..kernels import matmul_t
 
 ROWS_BYTES = 16 << 20  # float32 probabilities per block (16 MiB: under glibc's mmap ceiling, so reused)
 MIN_ROWS = 64

@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 # Record keys written as TensorBoard scalars, per kind of record (other keys stay in the JSON only).
 SCALARS = {

@@ -17,10 +17,10 @@ import re
 from pathlib import Path
 from typing import Optional
 
-from . import checkpoint, log
-from .config import RunPaths, TrainConfig, config_diff
-from .errors import ConfigError, InputError
-from .textio import atomic_write_bytes, remove_stale_temps, temp_path
+from .. import checkpoint, log
+from ..config import RunPaths, TrainConfig, config_diff
+from ..errors import ConfigError, InputError
+from ..textio import atomic_write_bytes, remove_stale_temps, temp_path
 
 # Settings that may change when a run is resumed: limits and where/how fast it runs.
 RESUMABLE_CHANGES = {"max_updates", "max_epochs", "max_time", "log_interval", "device", "threads", "validate_interval_updates",

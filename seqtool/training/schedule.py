@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from .errors import ConfigError
-from .config import OptimConfig, TrainConfig
+from ..errors import ConfigError
+from ..config import OptimConfig, TrainConfig
 
 SCHEDULES = ("auto", "inverse-sqrt", "linear", "cosine", "wsd")
 AUTO_WITH_HORIZON = "linear"  # what auto picks when the run has a budget (bench/results.md, issue 16)

@@ -21,16 +21,17 @@ from typing import Iterator, Optional
 
 import torch
 
-from . import allocator, checkpoint, distributed, finetune, kernels, log, schedule, update, validate
-from .config import RunPaths
-from .data import collate
-from .device import pick_device, resolve_precision, sdpa_without_cudnn
+from .. import allocator, checkpoint, kernels, log
+from . import distributed, finetune, schedule, update, validate
+from ..config import RunPaths
+from ..data import collate
+from ..device import pick_device, resolve_precision, sdpa_without_cudnn
 from .ema import EMA
-from .interrupts import Interrupts
-from .errors import ConfigError
+from ..interrupts import Interrupts
+from ..errors import ConfigError
 from .metrics import MetricsLog, ThroughputWindow
-from .model import Transformer
-from .runlock import RunLock
+from ..model import Transformer
+from ..runlock import RunLock
 from .job import RawData, TrainJob, TrainResult, open_data, plan_epoch, prepare_raw
 from .savedir import RunFiles
 

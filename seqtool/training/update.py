@@ -31,11 +31,11 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from . import log
-from .errors import ConfigError, ResourceError
-from .config import OptimConfig
+from .. import log
+from ..errors import ConfigError, ResourceError
+from ..config import OptimConfig
 from .loss import label_smoothed_nll
-from .model import Transformer
+from ..model import Transformer
 
 # torch.OutOfMemoryError (torch >= 2.5) is this same class; the cuda name exists in every torch.
 OutOfMemoryError = torch.cuda.OutOfMemoryError

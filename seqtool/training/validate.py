@@ -21,12 +21,12 @@ from typing import Any, Callable, ContextManager, Optional, Protocol
 
 import torch
 
-from .checkpoint import TrainingState
-from .config import DecodeConfig, ModelConfig, TrainConfig
-from .data import ParallelDataset, collate, epoch_batches
+from ..checkpoint import TrainingState
+from ..config import DecodeConfig, ModelConfig, TrainConfig
+from ..data import ParallelDataset, collate, epoch_batches
 from .loss import label_smoothed_nll
-from .score import score_lines
-from .tokenizer import Tokenizer
+from ..score import score_lines
+from ..tokenizer import Tokenizer
 
 
 @dataclass
@@ -104,7 +104,7 @@ def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, config: Decode
     the same cropping, length-sorted batching per chunk, search and detokenization as
     `seqtool translate` on the detokenized source file. With `share`, each process translates
     every world_size-th chunk (each exactly as translate would) and all get every translation."""
-    from .translate import Translator  # translate imports train, which imports this module
+    from ..translate import Translator  # translate imports train, which imports this module
 
     model = getattr(model, "module", model)  # DistributedDataParallel
     model = getattr(model, "_orig_mod", model)  # torch.compile
