@@ -13,6 +13,16 @@ loading excluded, as the server's figures exclude its start). Target tokens are 
 hypotheses' tokens with EOS: the server's own counter (/metrics) and the offline hypotheses.
 Every served translation is compared with the offline one (batch invariance). Prints one
 markdown table and appends it to bench/results.md. Run on an idle machine.
+
+    python bench/serve.py --checkpoint runs/demo/best.pt --hostile [--rounds 2]
+
+--hostile instead runs 32 well-behaved clients against one batched server, alternately alone and
+beside one hostile client that sends, one after another as fast as it is answered: a 100,000-entry
+glossary (2.2 MB), beam 64, a NaN length penalty, a bad batch-mate (sampling with constraints), a
+body past the size limit sent without Content-Length, 100,000-deep JSON and a glossary of 1,001
+entries. It reports the well-behaved clients' p99 latency alone and beside it (goal: at most 20%
+higher), whether every well-behaved answer equals offline `translate`, and the hostile client's
+statuses (goal: only 4xx).
 """
 
 from __future__ import annotations
@@ -140,6 +150,108 @@ async def warm_up(url: str) -> None:
             (await http.post("/translate", json={"q": "Hola.", "source": "auto"})).raise_for_status()
 
 
+def hostile_requests(lines: list[str]) -> list[tuple[str, dict]]:
+    """What the hostile client sends, in turn: (what, httpx.post keyword arguments)."""
+    import json
+
+    huge = json.dumps({"segments": lines[:4], "glossary": {f"term{i}": f"t{i}" for i in range(100_000)}}).encode()
+
+    def unsized():  # chunked: no Content-Length to refuse it by
+        for _ in range(40):
+            yield b" " * 25_000
+    return [
+        ("100,000-entry glossary (2.2 MB)", {"content": huge, "headers": {"Content-Type": "application/json"}}),
+        ("beam 64", {"json": {"segments": lines[:4], "beam": 64, "max_len_b": 500}}),
+        ("NaN lenpen", {"content": json.dumps({"segments": lines[:4], "lenpen": float("nan")}).encode(),
+                        "headers": {"Content-Type": "application/json"}}),
+        ("bad batch-mate", {"json": {"segments": lines[:4], "sampling": {"topk": 5}, "constraints": [["Dios"]] * 4}}),
+        ("1 MB without Content-Length", {"content": unsized, "headers": {"Content-Type": "application/json"}}),
+        ("100,000-deep JSON", {"content": b"[" * 100_000 + b"]" * 100_000, "headers": {"Content-Type": "application/json"}}),
+        ("1,001 glossary entries", {"json": {"segments": lines[:4], "glossary": {f"w{i}": "x" for i in range(1001)}}}),
+    ]
+
+
+async def hostile_client(url: str, requests: list[tuple[str, dict]], stop: asyncio.Event, statuses: dict) -> None:
+    """Sends the hostile requests in turn, each as soon as the last is answered, until `stop`."""
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=300) as http:
+        k = 0
+        while not stop.is_set():
+            what, kwargs = requests[k % len(requests)]
+            if callable(kwargs.get("content")):
+                kwargs = {**kwargs, "content": kwargs["content"]()}
+            try:
+                status = (await http.post("/v1/translate", **kwargs)).status_code
+            except httpx.TransportError as error:
+                status = type(error).__name__
+            statuses.setdefault(what, {}).setdefault(status, 0)
+            statuses[what][status] += 1
+            k += 1
+
+
+async def load_beside_hostile(url: str, lines: list[str], concurrency: int, requests) -> tuple:
+    stop, statuses = asyncio.Event(), {}
+    enemy = asyncio.create_task(hostile_client(url, requests, stop, statuses))
+    try:
+        texts, latencies, seconds = await load(url, lines, concurrency)
+    finally:
+        stop.set()
+        await enemy
+    return texts, latencies, seconds, statuses
+
+
+def hostile_main(a, lines: list[str], cpu: str, ref: dict) -> int:
+    """32 well-behaved clients alone and beside one hostile client, alternately, on one server."""
+    requests = hostile_requests(lines)
+    server = Server(a, "--max-wait-ms", str(a.max_wait_ms))
+    runs: list[tuple[str, float, int, dict]] = []
+    try:
+        asyncio.run(warm_up(server.url))
+        for round_ in range(a.rounds):
+            for label in ("alone", "beside the hostile client"):
+                if label == "alone":
+                    texts, lat, seconds = asyncio.run(load(server.url, lines, 32))
+                    statuses = {}
+                else:
+                    texts, lat, seconds, statuses = asyncio.run(load_beside_hostile(server.url, lines, 32, requests))
+                same = sum(x == y for x, y in zip(texts, ref["texts"]))
+                runs.append((label, percentile(lat, 99), same, statuses, len(lines) / seconds))
+                log(f"round {round_ + 1}, {label}: p99 {percentile(lat, 99) * 1000:.0f} ms, {len(lines) / seconds:.1f} sentences/s, "
+                    f"{same}/{len(lines)} as offline" + (f", hostile statuses {statuses}" if statuses else ""))
+    finally:
+        server.stop()
+    alone = [r for r in runs if r[0] == "alone"]
+    beside = [r for r in runs if r[0] != "alone"]
+    mean = lambda rows, k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    rise = mean(beside, 1) / mean(alone, 1) - 1
+    hostile: dict = {}
+    for r in beside:
+        for what, counts in r[3].items():
+            for status, n in counts.items():
+                hostile.setdefault(what, {}).setdefault(status, 0)
+                hostile[what][status] += n
+    only_4xx = all(isinstance(status, int) and 400 <= status < 500 for counts in hostile.values() for status in counts)
+    equal = all(r[2] == len(lines) for r in runs)
+    when = datetime.datetime.now()
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = [f"## serve beside a hostile client, {when:%Y-%m-%d %H:%M}, commit {commit}, CPU {cpu}, {a.threads} threads, "
+           f"{len(lines)} test lines x 32 clients, beam {a.beam}, precision {ref['precision']}, max-wait {a.max_wait_ms:g} ms, "
+           f"{a.rounds} rounds", "",
+           "| run | p99 ms | sentences/s | same as offline |", "|---|---|---|---|"]
+    out += [f"| {r[0]} | {r[1] * 1000:.0f} | {r[4]:.1f} | {r[2]}/{len(lines)} |" for r in runs]
+    out += ["", "| hostile request | answers |", "|---|---|"]
+    out += [f"| {what} | {', '.join(f'{n} x {status}' for status, n in sorted(counts.items(), key=str))} |" for what, counts in hostile.items()]
+    out += ["", f"well-behaved p99 beside the hostile client: {rise * 100:+.1f}% (goal <= +20%); every well-behaved answer as offline: "
+            f"{'yes' if equal else 'NO'}; the hostile client got only 4xx: {'yes' if only_4xx else 'NO'}", ""]
+    table = "\n".join(out)
+    print(table)
+    if not a.no_results:
+        with open(REPO / "bench" / "results.md", "a", encoding="utf-8") as handle:
+            handle.write("\n" + table)
+    return 0 if rise <= 0.20 and equal and only_4xx else 1
+
+
 def histogram_median(counts: dict[str, float]) -> Optional[float]:
     """The median of a Prometheus histogram's cumulative bucket counts {"le 0.1": n, ..., "le +Inf": n}, interpolated
     linearly inside its bucket (as Prometheus' histogram_quantile); None without observations."""
@@ -167,6 +279,8 @@ def main() -> int:
     parser.add_argument("--serve-args", default="", help="more `seqtool serve` options for both servers, e.g. '--workers 2 --threads 1'"
                         " (with --workers, batch figures come from whichever worker answers /metrics)")
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/results.md")
+    parser.add_argument("--hostile", action="store_true", help="32 clients alone and beside a hostile one (see above)")
+    parser.add_argument("--rounds", type=int, default=2, help="--hostile: alternations of alone / beside")
     a = parser.parse_args()
     import torch
 
@@ -176,6 +290,8 @@ def main() -> int:
     cpu = f"{cpu_capability()}" + (f" + {cpu_bf16_instructions()}" if cpu_bf16_instructions() else "")
     log(f"{len(lines)} lines, {a.threads} threads, beam {a.beam}, torch {torch.__version__}, CPU {cpu}")
     ref = offline(a, lines)
+    if a.hostile:
+        return hostile_main(a, lines, cpu, ref)
     rows = [("offline translate", "-", len(lines) / ref["seconds"], ref["tokens"] / ref["seconds"], None, None, None, "-", None, None,
              None)]
     runs = {}

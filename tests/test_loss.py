@@ -91,8 +91,8 @@ def test_blocks_add_up_to_the_whole_loss_and_its_gradients(bias, smoothing, bloc
     params = (feats, out.weight) + ((out.bias,) if bias else ())
     mine = torch.autograd.grad(3.0 * loss, params)  # the incoming gradient scales what forward formed
     ref = torch.autograd.grad(3.0 * ref_loss, params)
-    for a, b in zip(mine, ref):
-        torch.testing.assert_close(a, b)
+    for a, b in zip(mine, ref):  # float32 sums over 300 rows in another order: a few ulps of a weight's gradient (~10)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert feats.grad is None and out.weight.grad is None
 
 
