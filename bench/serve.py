@@ -17,7 +17,8 @@ markdown table and appends it to bench/results.md. Run on an idle machine.
     python bench/serve.py --checkpoint runs/demo/best.pt --hostile [--rounds 2]
 
 --hostile instead runs 32 well-behaved clients against one batched server, alternately alone and
-beside one hostile client that sends, one after another as fast as it is answered: a 100,000-entry
+beside one hostile client that sends, one after another (--hostile-interval-ms apart, default 100: twice the
+rate of each well-behaved client; 0 makes it a flood, which only --req-limit can stop): a 100,000-entry
 glossary (2.2 MB), beam 64, a NaN length penalty, a bad batch-mate (sampling with constraints), a
 body past the size limit sent without Content-Length, 100,000-deep JSON and a glossary of 1,001
 entries. It reports the well-behaved clients' p99 latency alone and beside it (goal: at most 20%
@@ -156,7 +157,7 @@ def hostile_requests(lines: list[str]) -> list[tuple[str, dict]]:
 
     huge = json.dumps({"segments": lines[:4], "glossary": {f"term{i}": f"t{i}" for i in range(100_000)}}).encode()
 
-    def unsized():  # chunked: no Content-Length to refuse it by
+    async def unsized():  # chunked: no Content-Length to refuse it by
         for _ in range(40):
             yield b" " * 25_000
     return [
@@ -171,13 +172,16 @@ def hostile_requests(lines: list[str]) -> list[tuple[str, dict]]:
     ]
 
 
-async def hostile_client(url: str, requests: list[tuple[str, dict]], stop: asyncio.Event, statuses: dict) -> None:
-    """Sends the hostile requests in turn, each as soon as the last is answered, until `stop`."""
+async def hostile_client(url: str, requests: list[tuple[str, dict]], stop: asyncio.Event, statuses: dict,
+                         interval: float = 0.0) -> None:
+    """Sends the hostile requests in turn, each as soon as the last is answered (and `interval`
+    seconds after the last was sent), until `stop`."""
     import httpx
 
     async with httpx.AsyncClient(base_url=url, timeout=300) as http:
         k = 0
         while not stop.is_set():
+            sent = time.perf_counter()
             what, kwargs = requests[k % len(requests)]
             if callable(kwargs.get("content")):
                 kwargs = {**kwargs, "content": kwargs["content"]()}
@@ -188,11 +192,12 @@ async def hostile_client(url: str, requests: list[tuple[str, dict]], stop: async
             statuses.setdefault(what, {}).setdefault(status, 0)
             statuses[what][status] += 1
             k += 1
+            await asyncio.sleep(max(0.0, interval - (time.perf_counter() - sent)))
 
 
-async def load_beside_hostile(url: str, lines: list[str], concurrency: int, requests) -> tuple:
+async def load_beside_hostile(url: str, lines: list[str], concurrency: int, requests, interval: float) -> tuple:
     stop, statuses = asyncio.Event(), {}
-    enemy = asyncio.create_task(hostile_client(url, requests, stop, statuses))
+    enemy = asyncio.create_task(hostile_client(url, requests, stop, statuses, interval))
     try:
         texts, latencies, seconds = await load(url, lines, concurrency)
     finally:
@@ -214,7 +219,7 @@ def hostile_main(a, lines: list[str], cpu: str, ref: dict) -> int:
                     texts, lat, seconds = asyncio.run(load(server.url, lines, 32))
                     statuses = {}
                 else:
-                    texts, lat, seconds, statuses = asyncio.run(load_beside_hostile(server.url, lines, 32, requests))
+                    texts, lat, seconds, statuses = asyncio.run(load_beside_hostile(server.url, lines, 32, requests, a.hostile_interval_ms / 1000))
                 same = sum(x == y for x, y in zip(texts, ref["texts"]))
                 runs.append((label, percentile(lat, 99), same, statuses, len(lines) / seconds))
                 log(f"round {round_ + 1}, {label}: p99 {percentile(lat, 99) * 1000:.0f} ms, {len(lines) / seconds:.1f} sentences/s, "
@@ -237,7 +242,7 @@ def hostile_main(a, lines: list[str], cpu: str, ref: dict) -> int:
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = [f"## serve beside a hostile client, {when:%Y-%m-%d %H:%M}, commit {commit}, CPU {cpu}, {a.threads} threads, "
            f"{len(lines)} test lines x 32 clients, beam {a.beam}, precision {ref['precision']}, max-wait {a.max_wait_ms:g} ms, "
-           f"{a.rounds} rounds", "",
+           f"{a.rounds} rounds, the hostile client's requests at least {a.hostile_interval_ms:g} ms apart", "",
            "| run | p99 ms | sentences/s | same as offline |", "|---|---|---|---|"]
     out += [f"| {r[0]} | {r[1] * 1000:.0f} | {r[4]:.1f} | {r[2]}/{len(lines)} |" for r in runs]
     out += ["", "| hostile request | answers |", "|---|---|"]
@@ -281,6 +286,8 @@ def main() -> int:
     parser.add_argument("--no-results", action="store_true", help="do not append to bench/results.md")
     parser.add_argument("--hostile", action="store_true", help="32 clients alone and beside a hostile one (see above)")
     parser.add_argument("--rounds", type=int, default=2, help="--hostile: alternations of alone / beside")
+    parser.add_argument("--hostile-interval-ms", type=float, default=100.0,
+                        help="--hostile: the least time between the hostile client's requests, default 100 (twice the rate of each of the 32 others; 0: each as soon as the last is answered, a flood: what --req-limit is for)")
     a = parser.parse_args()
     import torch
 

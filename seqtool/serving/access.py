@@ -88,13 +88,21 @@ class RateLimit:
             return None
 
 
+DRAIN = 64 * 2 ** 20  # the most of a refused body read (and dropped) so that its client can read the 413
+
+
 def limit_body(app, limit: int):
     """ASGI middleware: 413 for a request whose Content-Length is over `limit` bytes, before anything
-    reads it (a chunked body is counted as it is read: read_body)."""
+    parses it (a chunked body is counted as it is read: read_body). The body is read and dropped
+    first, up to DRAIN bytes, so that the client, still sending, gets the answer rather than a reset
+    connection; past DRAIN the connection is closed."""
     async def limited(scope, receive, send):
         if scope["type"] == "http":
             length = dict(scope.get("headers") or ()).get(b"content-length")
             if length is not None and length.isdigit() and int(length) > limit:
+                if int(length) <= DRAIN:
+                    while (await receive()).get("more_body"):
+                        pass
                 body = json.dumps({"error": too_large(limit)}).encode()
                 await send({"type": "http.response.start", "status": 413,
                             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
@@ -110,11 +118,13 @@ def too_large(limit: int) -> str:
 
 
 async def read_body(request, limit: int) -> Optional[bytes]:
-    """The body, or None as soon as it passes `limit` bytes (a chunked body has no Content-Length)."""
+    """The body, or None when it passes `limit` bytes (a chunked body has no Content-Length); the
+    rest of such a body is read and dropped, up to DRAIN bytes, so its client can read the answer."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+        if size > DRAIN:
+            break
+        if size <= limit:
+            chunks.append(chunk)
+    return b"".join(chunks) if size <= limit else None
