@@ -66,7 +66,7 @@ def seqtool_run(ckpt: Path, srcs: list[str], refs: list[str], threads: int, seed
     from seqtool.config import DecodeConfig
     from seqtool.translate import Translator
 
-    t = Translator.load(ckpt, DecodeConfig(beam=5, device="cpu", threads=threads))
+    t = Translator.load(ckpt, beam=5, device="cpu", threads=threads)
     t.translate(srcs[:16])  # warm-up
     t0 = time.perf_counter()
     free = t.translate(srcs)

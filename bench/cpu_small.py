@@ -154,14 +154,12 @@ def train_figures(r: dict, err: Path, ck: Path) -> dict:
 
 def decode_only(ckpt, src, beam, threads, precision, hyp_out, json_out) -> None:
     """Helper process (--_decode-only): time translator.translate(lines) alone, like fairseq's own figure."""
-    from seqtool.config import DecodeConfig
     from seqtool.textio import read_lines
     from seqtool.translate import Translator
 
-    cfg = DecodeConfig(beam=int(beam), lenpen=1.0, batch_size=64, max_len_a=0.0, max_len_b=200, device="cpu",
-                       precision=precision, threads=int(threads))
     t0 = time.perf_counter()
-    translator = Translator.load(Path(ckpt), cfg)
+    translator = Translator.load(Path(ckpt), beam=int(beam), lenpen=1.0, batch_size=64, max_len_a=0.0, max_len_b=200,
+                                 device="cpu", precision=precision, threads=int(threads))
     load_s = time.perf_counter() - t0
     lines = list(read_lines(Path(src)))
     t0 = time.perf_counter()

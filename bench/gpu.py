@@ -161,7 +161,7 @@ def decode_check(bin_dir: Path, work: Path, a) -> list[dict]:
     fp32, bf16 and fp16 (fp16 only on CUDA) and score BLEU: the figures of issue 4's item 3 on a GPU."""
     import sacrebleu
 
-    from seqtool.config import DecodeConfig, OptimConfig, TrainConfig, model_config_for
+    from seqtool.config import OptimConfig, TrainConfig, model_config_for
     from seqtool.training.train import TrainJob, train
     from seqtool.translate import Translator
 
@@ -179,8 +179,8 @@ def decode_check(bin_dir: Path, work: Path, a) -> list[dict]:
     ref = read_lines(a.data / "test.en.gz", limit)
     rows = []
     for precision in ("fp32", "bf16") + (() if a.dry_run else ("fp16",)):
-        config = DecodeConfig(beam=5, batch_size=64, device=device, precision=precision, threads=a.threads)
-        with Translator.load(save / "best.pt", config) as translator:
+        with Translator.load(save / "best.pt", beam=5, batch_size=64, device=device, precision=precision,
+                             threads=a.threads) as translator:
             t0 = time.monotonic()
             out = translator.translate_chunk(0, src)
             seconds = time.monotonic() - t0

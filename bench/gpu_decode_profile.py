@@ -55,8 +55,8 @@ def main() -> None:
     device = "cpu" if a.cpu else "cuda"
     precisions = ("fp32", "bf16") if a.cpu else ("fp32", "bf16", "fp16")
     for precision in precisions:
-        t = Translator.load(path, DecodeConfig(beam=5, max_len_a=0.0, max_len_b=40, device=device, precision=precision,
-                                               batch_size=64))
+        t = Translator.load(path, beam=5, max_len_a=0.0, max_len_b=40, device=device, precision=precision,
+                                               batch_size=64)
         t.translate_chunk(0, source[:64])  # warm-up
         if device == "cuda":
             torch.cuda.synchronize()

@@ -81,15 +81,13 @@ def _write(path: str, hyps: list[str]) -> None:
 def decode_seqtool(ckpt, src, beam, threads, prec, quantize, workers, batch, hyp_out, json_out) -> None:
     """Helper process: Translator.translate_chunk over all lines, timed alone (with --workers,
     the worker processes are started and loaded before the clock starts, as the model is)."""
-    from seqtool.config import DecodeConfig
     from seqtool.translate import Translator
 
     rss = _PeakTreeRss() if int(workers) > 1 else None
     lines = _read(src)
-    cfg = DecodeConfig(beam=int(beam), lenpen=1.0, batch_size=int(batch), max_len_a=0.0, max_len_b=200, device="cpu",
-                       precision=prec, quantize=quantize, threads=int(threads), workers=int(workers),
-                       chunk_lines=max(1, len(lines)))
-    with Translator.load(Path(ckpt), cfg) as translator:
+    with Translator.load(Path(ckpt), beam=int(beam), lenpen=1.0, batch_size=int(batch), max_len_a=0.0, max_len_b=200,
+                         device="cpu", precision=prec, quantize=quantize, threads=int(threads), workers=int(workers),
+                         chunk_lines=max(1, len(lines))) as translator:
         t0 = time.perf_counter()
         out = translator.translate_chunk(0, lines)
         sec = time.perf_counter() - t0

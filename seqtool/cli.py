@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .config import ServeConfig, field_info
+from .config import DecodeConfig, Sampling, SearchOptions, ServeConfig, TranslateConfig, field_info
 from .errors import ConfigError
 from .exits import handles_user_errors
 
@@ -27,9 +27,6 @@ app = typer.Typer(
 )
 
 # ---- options shared by several commands, defined once -------------------------------------
-Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-Precision = Annotated[str, typer.Option("--precision", help="auto (bf16 on CPUs with AVX512-BF16/AMX, else fp32), fp32, bf16 or fp16 (CUDA).")]
-Threads = Annotated[int, typer.Option("--threads", help="CPU threads for torch (0 = torch's default).")]
 Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]
 Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes that encode text in parallel.")]
 SrcLang = Annotated[Optional[str], typer.Option("--src", help="Source language suffix: reads PREFIX.SRC (or PREFIX.SRC.gz).")]
@@ -187,6 +184,16 @@ def train(
     )
 
 
+def _option(cls, name: str, *flags: str, **extra):
+    """A command-line option for field `name` of config class cls: its help from the field (its
+    default goes with it: _default), so an option and its field cannot disagree."""
+    return typer.Option(*(flags or ("--" + name.replace("_", "-"),)), help=field_info(cls, name)["help"], **extra)
+
+
+def _default(cls, name: str):
+    return field_info(cls, name)["default"]
+
+
 @app.command()
 @handles_user_errors
 def translate(
@@ -194,51 +201,51 @@ def translate(
     checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="best.pt or last.pt from seqtool train; give it several times for an ensemble (probabilities averaged).")],
     input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Read this file instead of stdin.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write this file instead of stdout.")] = None,
-    beam: Annotated[int, typer.Option("--beam", "-b", help="Beam size (1 = greedy).")] = 5,
-    lenpen: Annotated[float, typer.Option("--lenpen", help="Length penalty: score = log-prob / length^lenpen.")] = 1.0,
-    nbest: Annotated[int, typer.Option("--nbest", help="Hypotheses per line (tab-separated output when > 1).")] = 1,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", help="Source-token budget of a batch (0 = no limit).")] = 0,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Sentences per batch.")] = 64,
-    max_len_a: Annotated[float, typer.Option("--max-len-a", help="Max output length = a * source length + b.")] = 0.0,
-    max_len_b: Annotated[int, typer.Option("--max-len-b")] = 200,
-    print_scores: Annotated[bool, typer.Option("--print-scores", help="index<TAB>score<TAB>translation.")] = False,
-    errors: Errors = "replace",
-    print_alignment: Annotated[bool, typer.Option("--print-alignment", help="Add a 4th field: source-target token pairs 'i-j' from encoder-decoder attention.")] = False,
-    alignment_layer: Annotated[int, typer.Option("--alignment-layer", help="Decoder layer (1-based) whose attention, averaged over heads, gives --print-alignment; 0 = the last.")] = 0,
-    device: Device = "auto",
-    precision: Precision = "auto",
-    quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
-    threads: Threads = 0,
-    workers: Annotated[int, typer.Option("--workers", help="CPU decoding processes, each on --threads/N threads, decoding batches in parallel: more throughput for files (CTranslate2's inter_threads).")] = 1,
+    beam: Annotated[int, _option(SearchOptions, "beam", "--beam", "-b")] = _default(SearchOptions, "beam"),
+    lenpen: Annotated[float, _option(SearchOptions, "lenpen")] = _default(SearchOptions, "lenpen"),
+    nbest: Annotated[int, typer.Option("--nbest", help="Hypotheses per line (tab-separated output when > 1).")] = _default(SearchOptions, "nbest"),
+    max_tokens: Annotated[int, _option(DecodeConfig, "max_tokens")] = _default(DecodeConfig, "max_tokens"),
+    batch_size: Annotated[int, _option(DecodeConfig, "batch_size")] = _default(DecodeConfig, "batch_size"),
+    max_len_a: Annotated[float, _option(SearchOptions, "max_len_a")] = _default(SearchOptions, "max_len_a"),
+    max_len_b: Annotated[int, _option(SearchOptions, "max_len_b")] = _default(SearchOptions, "max_len_b"),
+    print_scores: Annotated[bool, _option(TranslateConfig, "print_scores")] = _default(TranslateConfig, "print_scores"),
+    errors: Annotated[str, _option(TranslateConfig, "errors")] = _default(TranslateConfig, "errors"),
+    print_alignment: Annotated[bool, _option(TranslateConfig, "print_alignment")] = _default(TranslateConfig, "print_alignment"),
+    alignment_layer: Annotated[int, _option(DecodeConfig, "alignment_layer")] = _default(DecodeConfig, "alignment_layer"),
+    device: Annotated[str, _option(DecodeConfig, "device")] = _default(DecodeConfig, "device"),
+    precision: Annotated[str, _option(DecodeConfig, "precision")] = _default(DecodeConfig, "precision"),
+    quantize: Annotated[str, _option(DecodeConfig, "quantize")] = _default(DecodeConfig, "quantize"),
+    threads: Annotated[int, _option(DecodeConfig, "threads")] = _default(DecodeConfig, "threads"),
+    workers: Annotated[int, _option(DecodeConfig, "workers")] = _default(DecodeConfig, "workers"),
     sampling: Annotated[bool, typer.Option("--sampling", help="Draw --nbest random translations per line instead of searching (--beam unused).")] = False,
-    topk: Annotated[int, typer.Option("--topk", help="--sampling among the K most probable tokens (0 = all).")] = 0,
-    topp: Annotated[float, typer.Option("--topp", help="--sampling among the most probable tokens whose mass reaches P (nucleus; 1.0 = all).")] = 1.0,
-    temperature: Annotated[float, typer.Option("--temperature", help="--sampling from softmax(log p / T): below 1 sharper, above 1 flatter.")] = 1.0,
-    seed: Annotated[int, typer.Option("--seed", help="--sampling: the same seed gives the same samples, whatever the batching.")] = 1,
-    score_reference: Annotated[bool, typer.Option("--score-reference", help="Score the references of --target instead of translating: index<TAB>score<TAB>reference<TAB>sum<TAB>average.")] = False,
-    target: Annotated[Optional[Path], typer.Option("--target", help="With --score-reference: one reference per input line.")] = None,
-    target_prefix: Annotated[Optional[Path], typer.Option("--target-prefix", help="One prefix per input line (an empty line: none): the translation starts with it and goes on from there.")] = None,
-    constraints: Annotated[Optional[Path], typer.Option("--constraints", help='One JSON list per input line of phrases its translation must contain; a list inside is "one of these forms" (an empty line: none).')] = None,
-    glossary: Annotated[Optional[Path], typer.Option("--glossary", help="TSV: source term<TAB>target term[<TAB>other forms]; a source term found in a line (whole words) makes its target a constraint.")] = None,
-    glossary_ignore_case: Annotated[bool, typer.Option("--glossary-ignore-case", help="Find --glossary source terms whatever their case.")] = False,
+    topk: Annotated[int, _option(Sampling, "topk")] = _default(Sampling, "topk"),
+    topp: Annotated[float, _option(Sampling, "topp")] = _default(Sampling, "topp"),
+    temperature: Annotated[float, _option(Sampling, "temperature")] = _default(Sampling, "temperature"),
+    seed: Annotated[int, _option(Sampling, "seed")] = _default(Sampling, "seed"),
+    score_reference: Annotated[bool, _option(TranslateConfig, "score_reference")] = _default(TranslateConfig, "score_reference"),
+    target: Annotated[Optional[Path], _option(TranslateConfig, "target")] = None,
+    target_prefix: Annotated[Optional[Path], _option(TranslateConfig, "target_prefix")] = None,
+    constraints: Annotated[Optional[Path], _option(TranslateConfig, "constraints")] = None,
+    glossary: Annotated[Optional[Path], _option(TranslateConfig, "glossary")] = None,
+    glossary_ignore_case: Annotated[bool, _option(TranslateConfig, "glossary_ignore_case")] = _default(TranslateConfig, "glossary_ignore_case"),
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
-    from .config import DecodeConfig
-    from .translate import translate_file
+    from .translate import settings, translate_file
 
-    config = DecodeConfig(beam=beam, lenpen=lenpen, nbest=nbest, max_tokens=max_tokens, batch_size=batch_size,
-                          max_len_a=max_len_a, max_len_b=max_len_b, print_scores=print_scores,
-                          print_alignment=print_alignment, alignment_layer=alignment_layer, device=device,
-                          precision=precision, quantize=quantize, threads=threads, workers=workers, errors=errors,
-                          sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed,
-                          score_reference=score_reference, target=str(target) if target is not None else "",
-                          target_prefix=str(target_prefix) if target_prefix is not None else "",
-                          constraints=str(constraints) if constraints is not None else "",
-                          glossary=str(glossary) if glossary is not None else "", glossary_ignore_case=glossary_ignore_case)
+    config, options = settings(max_tokens=max_tokens, batch_size=batch_size, alignment_layer=alignment_layer, device=device,
+                               precision=precision, quantize=quantize, threads=threads, workers=workers, beam=beam,
+                               lenpen=lenpen, nbest=nbest, max_len_a=max_len_a, max_len_b=max_len_b, sampling=sampling,
+                               **({"topk": topk, "topp": topp, "temperature": temperature, "seed": seed} if sampling else
+                                  {k: v for k, v in (("topk", topk), ("topp", topp), ("temperature", temperature))
+                                   if v != _default(Sampling, k)}))
+    io = TranslateConfig(print_scores=print_scores, print_alignment=print_alignment, errors=errors, score_reference=score_reference,
+                         **{k: str(v) if v is not None else "" for k, v in (("target", target), ("target_prefix", target_prefix),
+                                                                            ("constraints", constraints), ("glossary", glossary))},
+                         glossary_ignore_case=glossary_ignore_case)
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is None:
-        translate_file(checkpoints, config, input)
+        translate_file(checkpoints, config, options, io, input)
         return
     from .textio import atomic_text_output, check_output_file
 
@@ -246,7 +253,7 @@ def translate(
                                ("--constraints", constraints), ("--glossary", glossary)]
                       + [("--checkpoint", c) for c in checkpoint])
     with atomic_text_output(output) as handle:
-        translate_file(checkpoints, config, input, handle)
+        translate_file(checkpoints, config, options, io, input, handle)
 
 
 def _serve_option(name: str, *flags: str):
@@ -281,21 +288,19 @@ def serve(
     cors: Annotated[Optional[list[str]], typer.Option("--cors", help="An origin allowed to call the API from a browser (repeat for more; * for any); none by default.")] = None,
     alignments: Annotated[bool, _serve_option("alignments")] = _serve_default("alignments"),
     workers: Annotated[int, _serve_option("workers")] = _serve_default("workers"),
-    beam: Annotated[int, typer.Option("--beam", "-b", help="Default beam size (a request may ask for another).")] = 5,
-    lenpen: Annotated[float, typer.Option("--lenpen", help="Default length penalty.")] = 1.0,
-    max_len_a: Annotated[float, typer.Option("--max-len-a", help="Default max output length = a * source length + b.")] = 0.0,
-    max_len_b: Annotated[int, typer.Option("--max-len-b")] = 200,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Sentences per model call within a batch.")] = 64,
-    device: Device = "auto",
-    precision: Precision = "auto",
-    quantize: Annotated[str, typer.Option("--quantize", help="int8: dynamic int8 quantization of the linear layers (CPU).")] = "none",
-    threads: Threads = 0,
+    beam: Annotated[int, typer.Option("--beam", "-b", help="Default beam size (a request may ask for another).")] = _default(SearchOptions, "beam"),
+    lenpen: Annotated[float, typer.Option("--lenpen", help="Default length penalty.")] = _default(SearchOptions, "lenpen"),
+    max_len_a: Annotated[float, typer.Option("--max-len-a", help="Default max output length = a * source length + b.")] = _default(SearchOptions, "max_len_a"),
+    max_len_b: Annotated[int, typer.Option("--max-len-b")] = _default(SearchOptions, "max_len_b"),
+    batch_size: Annotated[int, _option(DecodeConfig, "batch_size")] = _default(DecodeConfig, "batch_size"),
+    device: Annotated[str, _option(DecodeConfig, "device")] = _default(DecodeConfig, "device"),
+    precision: Annotated[str, _option(DecodeConfig, "precision")] = _default(DecodeConfig, "precision"),
+    quantize: Annotated[str, _option(DecodeConfig, "quantize")] = _default(DecodeConfig, "quantize"),
+    threads: Annotated[int, _option(DecodeConfig, "threads")] = _default(DecodeConfig, "threads"),
 ):
     """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
-    from .config import DecodeConfig
-
-    decode = DecodeConfig(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, batch_size=batch_size,
-                          device=device, precision=precision, quantize=quantize, threads=threads)
+    decode = DecodeConfig(batch_size=batch_size, device=device, precision=precision, quantize=quantize, threads=threads)
+    options = SearchOptions(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b)
     config = ServeConfig(host=host, port=port, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                          queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
                          max_beam=max_beam, max_nbest=max_nbest, max_len=max_len, max_glossary=max_glossary,
@@ -305,7 +310,7 @@ def serve(
         from .serving.pool import run
     else:
         from .serving.server import serve as run
-    run(checkpoint[0] if len(checkpoint) == 1 else checkpoint, decode, config)
+    run(checkpoint[0] if len(checkpoint) == 1 else checkpoint, decode, options, config)
 
 
 @app.command()
@@ -319,18 +324,17 @@ def attention(
     layer: Annotated[int, typer.Option("--layer", help="Layer to draw, 1-based (0 = the last).")] = 0,
     all_layers: Annotated[bool, typer.Option("--all-layers", help="Draw every layer.")] = False,
     terminal: Annotated[bool, typer.Option("--terminal", help="Print encoder-decoder attention as a heatmap on stdout.")] = False,
-    beam: Annotated[int, typer.Option("--beam", "-b", help="Beam size of the translation (1 = greedy).")] = 5,
-    lenpen: Annotated[float, typer.Option("--lenpen", help="Length penalty: score = log-prob / length^lenpen.")] = 1.0,
-    device: Device = "auto",
-    precision: Precision = "fp32",
-    threads: Threads = 0,
+    beam: Annotated[int, _option(SearchOptions, "beam", "--beam", "-b")] = _default(SearchOptions, "beam"),
+    lenpen: Annotated[float, _option(SearchOptions, "lenpen")] = _default(SearchOptions, "lenpen"),
+    device: Annotated[str, _option(DecodeConfig, "device")] = _default(DecodeConfig, "device"),
+    precision: Annotated[str, typer.Option("--precision", help="fp32 (the weights drawn as trained), bf16 or fp16 (CUDA); auto as translate's.")] = "fp32",
+    threads: Annotated[int, _option(DecodeConfig, "threads")] = _default(DecodeConfig, "threads"),
 ):
     """Draw the attention of one sentence: every head of the encoder, decoder and encoder-decoder attention."""
-    from .config import DecodeConfig
     from .plot import show_attention
 
-    config = DecodeConfig(beam=beam, lenpen=lenpen, device=device, precision=precision, threads=threads)
-    show_attention(checkpoint, source, config, target=target, output=output, layer=layer, all_layers=all_layers,
+    config = DecodeConfig(device=device, precision=precision, threads=threads)
+    show_attention(checkpoint, source, config, SearchOptions(beam=beam, lenpen=lenpen), target=target, output=output, layer=layer, all_layers=all_layers,
                    terminal=terminal)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)

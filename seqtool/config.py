@@ -47,7 +47,10 @@ def checked_settings(cls, data: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in data.items():
         if not _conforms(value, hints[key]):
             raise ConfigError(f"{where}: {key} = {value!r}: expected {_describe(hints[key])}")
-        if typing.get_origin(hints[key]) is tuple:
+        nested = [a for a in (typing.get_args(hints[key]) or (hints[key],)) if isinstance(a, type) and issubclass(a, _Config)]
+        if nested and isinstance(value, dict):  # a config inside a config (SearchOptions.sampling)
+            value = nested[0].from_dict(value, f"{where}: {key}")
+        elif typing.get_origin(hints[key]) is tuple:
             value = tuple(value)
         elif hints[key] is str and isinstance(value, os.PathLike):
             value = str(value)
@@ -71,6 +74,8 @@ def _conforms(value: Any, hint: Any) -> bool:
         return isinstance(value, (str, os.PathLike))
     if origin is tuple:
         return isinstance(value, (list, tuple)) and len(value) == len(args) and all(map(_conforms, value, args))
+    if isinstance(hint, type) and issubclass(hint, _Config):
+        return isinstance(value, (dict, hint))
     return True  # anything else is the dataclass's own check
 
 
@@ -308,71 +313,66 @@ class SearchOptions(_Validated):
         self._check(self.max_len_b >= 1 or self.max_len_a > 0, "`max_len_a`/`max_len_b` allow no output token")
 
 
-def _like(cls, name: str) -> Any:
-    """The field `name` of cls again (default, help, bounds) in another config."""
-    f = next(f for f in fields(cls) if f.name == name)
-    return field(default=f.default, metadata=f.metadata)
+@dataclass(frozen=True)
+class DecodeConfig(_Validated):
+    """How a process decodes: device, number formats, threads, worker processes, batching and whether
+    it computes alignments. What one request asks of search is SearchOptions'; what `translate`
+    reads and writes besides the lines is TranslateConfig's."""
+    max_tokens: int = setting(0, "Source-token budget of a batch (0 = only --batch-size limits it).", ge=0)
+    batch_size: int = setting(64, "Sentences per batch.", ge=1)
+    device: str = setting("auto", "auto, cpu, cuda or cuda:N.")
+    precision: str = setting("auto", "auto (bf16 on CPUs with AVX512-BF16/AMX, else fp32), fp32, bf16 or fp16 (CUDA).")
+    quantize: str = setting("none", "int8: dynamic int8 quantization of the linear layers (CPU).")
+    threads: int = setting(0, "CPU threads for torch (0 = torch's default).", ge=0, le=4096)
+    workers: int = setting(1, "CPU decoding processes, each on --threads/N threads, decoding batches in parallel: more "
+                              "throughput for files (CTranslate2's inter_threads).", ge=1, le=1024)
+    chunk_lines: int = setting(2048, ge=1)  # lines read, sorted and batched together
+    alignments: bool = False  # hard alignments from encoder-decoder attention with every hypothesis (alignment.py)
+    alignment_layer: int = setting(0, "Decoder layer (1-based) whose attention, averaged over heads, gives alignments; 0 = the last.",
+                                   ge=0, le=1024)
+
+    def validate(self):
+        self._check(self.threads == 0 or self.threads >= self.workers,
+                    f"`workers` {self.workers} needs at least one thread each; got `threads` {self.threads}")
+        self._check(self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:"),
+                    f"`device` must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        self._check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"`precision` must be auto, fp32, bf16 or fp16, got {self.precision!r}")
+        self._check(self.quantize in ("none", "int8"), f"`quantize` must be none or int8, got {self.quantize!r}")
+        self._check(self.quantize == "none" or self.precision in ("auto", "fp32"),
+                    f"`quantize` {self.quantize} computes in int8/float32; drop `precision` {self.precision}")
 
 
 @dataclass(frozen=True)
-class DecodeConfig(_Validated):
-    beam: int = _like(SearchOptions, "beam")
-    lenpen: float = _like(SearchOptions, "lenpen")
-    nbest: int = _like(SearchOptions, "nbest")
-    max_len_a: float = _like(SearchOptions, "max_len_a")
-    max_len_b: int = _like(SearchOptions, "max_len_b")
-    max_tokens: int = setting(0, ge=0)  # 0 = only --batch-size limits a batch
-    batch_size: int = setting(64, ge=1)
-    print_scores: bool = False
-    print_alignment: bool = False  # hard alignment from encoder-decoder attention (alignment.py)
-    alignment_layer: int = setting(0, ge=0, le=1024)  # 1-based decoder layer for --print-alignment; 0 = the last
-    device: str = "auto"
-    precision: str = "auto"  # auto (device.py): bf16 on CPUs with bf16 instructions, else fp32; bf16 / fp16 (CUDA): weights cast once, see precision.py
-    quantize: str = "none"  # int8: dynamic quantization of the linear layers (CPU)
-    threads: int = setting(0, ge=0, le=4096)
-    workers: int = setting(1, ge=1, le=1024)  # CPU decoding processes, batches in parallel, threads / workers threads each (workers.py)
-    chunk_lines: int = setting(2048, ge=1)  # lines read, sorted and batched together
-    errors: str = "replace"  # invalid UTF-8 in the input: replace (with a warning) or strict (stop)
-    # --sampling: draw nbest samples per line instead of searching (search.py); --beam is unused
-    sampling: bool = False
-    topk: int = _like(Sampling, "topk")
-    topp: float = _like(Sampling, "topp")
-    temperature: float = _like(Sampling, "temperature")
-    seed: int = _like(Sampling, "seed")
-    score_reference: bool = False  # score the lines of `target` instead of translating (reference_score.py)
-    target: str = ""  # --target FILE: one reference per input line
-    target_prefix: str = ""  # --target-prefix FILE: one prefix per input line that its translation starts with ("" none)
-    constraints: str = ""  # --constraints FILE: one JSON list of phrases per input line that its translation must contain (terms.py)
-    glossary: str = ""  # --glossary FILE.tsv: source term TAB target term(s); a term found in a line constrains its translation
-    glossary_ignore_case: bool = False
+class TranslateConfig(_Validated):
+    """What `seqtool translate` reads and writes besides its lines: files read line for line with the
+    input, and the output's format. `check(options)` holds the rules across it and the search."""
+    print_scores: bool = setting(False, "index<TAB>score<TAB>translation.")
+    print_alignment: bool = setting(False, "Add a 4th field: source-target token pairs 'i-j' from encoder-decoder attention.")
+    errors: str = setting("replace", "Invalid UTF-8: strict (stop) or replace (U+FFFD, with a warning).")
+    score_reference: bool = setting(False, "Score the references of --target instead of translating: index<TAB>score<TAB>reference<TAB>sum<TAB>average.")
+    target: str = setting("", "With --score-reference: one reference per input line.")
+    target_prefix: str = setting("", "One prefix per input line (an empty line: none): the translation starts with it and goes on from there.")
+    constraints: str = setting("", 'One JSON list per input line of phrases its translation must contain; a list inside is "one of these forms" (an empty line: none).')
+    glossary: str = setting("", "TSV: source term<TAB>target term[<TAB>other forms]; a source term found in a line (whole words) makes its target a constraint.")
+    glossary_ignore_case: bool = setting(False, "Find --glossary source terms whatever their case.")
 
     def validate(self):
-        self._check(self.sampling or (self.topk == 0 and self.topp == 1.0 and self.temperature == 1.0),
-                    "`topk`, `topp` and `temperature` shape `sampling`; add `sampling`")
-        self.search_options()  # validates the per-request part (beam, nbest, lengths, sampling)
+        self._check(self.errors in ("strict", "replace"), f"`errors` must be strict or replace, got {self.errors!r}")
         self._check(self.score_reference == bool(self.target),
                     "`score_reference` needs `target` FILE (one reference per input line)" if self.score_reference
                     else "`target` FILE gives the references of `score_reference`; add `score_reference`")
         self._check(not ((self.target_prefix or self.constraints or self.glossary) and self.score_reference),
                     "`score_reference` scores whole references; drop `target_prefix`, `constraints` and `glossary`")
-        self._check(not ((self.constraints or self.glossary) and self.sampling),
+        self._check(not (self.score_reference and self.print_alignment),
+                    "`score_reference` prints one line per input line; drop `print_alignment`")
+
+    def check(self, options: SearchOptions) -> None:
+        """The rules across this and the run's search options."""
+        self._check(not ((self.constraints or self.glossary) and options.sampling is not None),
                     "`constraints` and `glossary` are kept by beam search; drop `sampling`")
         if self.score_reference:
-            self._check(not self.sampling, "`score_reference` scores the given references; drop `sampling`")
-            self._check(self.nbest == 1 and not self.print_alignment,
-                        "`score_reference` prints one line per input line; drop `nbest` and `print_alignment`")
-        self._check(self.threads == 0 or self.threads >= self.workers,
-                    f"`workers` {self.workers} needs at least one thread each; got `threads` {self.threads}")
-        self._check(self.precision in ("auto", "fp32", "bf16", "fp16"), f"`precision` must be auto, fp32, bf16 or fp16, got {self.precision!r}")
-        self._check(self.errors in ("strict", "replace"), f"`errors` must be strict or replace, got {self.errors!r}")
-        self._check(self.quantize in ("none", "int8"), f"`quantize` must be none or int8, got {self.quantize!r}")
-        self._check(self.quantize == "none" or self.precision in ("auto", "fp32"),
-                    f"`quantize` {self.quantize} computes in int8/float32; drop `precision` {self.precision}")
-
-    def search_options(self) -> SearchOptions:
-        """The per-request part of these settings: what search() takes."""
-        sampling = Sampling(self.topk, self.topp, self.temperature, self.seed) if self.sampling else None
-        return SearchOptions(self.beam, self.lenpen, self.nbest, self.max_len_a, self.max_len_b, sampling=sampling)
+            self._check(options.sampling is None, "`score_reference` scores the given references; drop `sampling`")
+            self._check(options.nbest == 1, "`score_reference` prints one line per input line; drop `nbest`")
 
 
 @dataclass(frozen=True)
@@ -382,7 +382,7 @@ class ServeConfig(_Validated):
     host: str = setting("127.0.0.1", "Address to listen on (0.0.0.0: every interface).")
     port: int = setting(5000, "TCP port (0: a free one, logged).", ge=0, le=65535)
     max_batch_tokens: int = setting(4096, "Source tokens of pending segments decoded together.", ge=1)
-    max_wait_ms: float = setting(10.0, "The longest the oldest pending segment waits for others to join its batch.", ge=0.0, le=60_000.0)
+    max_wait_ms: float = setting(10.0, "The longest the oldest pending segment waits for others to join its batch.", ge=0.0, le=3_600_000.0)
     queue_limit: int = setting(4096, "Pending segments; beyond, requests get 503 with Retry-After (413 for a request larger than it).", ge=1)
     request_timeout: float = setting(60.0, "Seconds before a request gets 504 (its segments are dropped, also from a running batch).", gt=0.0, le=86_400.0)
     max_lines: int = setting(256, "Segments per request (413 beyond).", ge=1)

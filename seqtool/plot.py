@@ -22,7 +22,7 @@ import torch
 from . import log
 from .alignment import AttentionWeights, force_decode, resolve_layer
 from .errors import ConfigError
-from .config import DecodeConfig, ModelConfig
+from .config import DecodeConfig, ModelConfig, SearchOptions
 from .search import search
 from .errors import InputError
 from .textio import atomic_write
@@ -61,7 +61,7 @@ def require_matplotlib() -> None:
 
 def sentence_attention(translator, source: str, target: Optional[str] = None) -> SentenceAttention:
     """Translate `source` with the search `translate` uses (or take `target`) and fetch every weight."""
-    model, tokenizer, c, d = translator.model, translator.tokenizer, translator.model.config, translator.config
+    model, tokenizer, c = translator.model, translator.tokenizer, translator.model.config
     src_ids = translator.encode(0, [source])[0]  # cropped to the model's positions, with a warning
     if not src_ids:
         raise InputError("the source sentence is empty: nothing to attend to")
@@ -72,7 +72,7 @@ def sentence_attention(translator, source: str, target: Optional[str] = None) ->
     src = translator.source_tensor([src_ids])  # (1, S)
     with torch.inference_mode():  # Translator.load already put the model in its decoding precision
         if target is None:
-            tgt_ids = search(model, src, d.search_options())[0][0].tokens  # the best
+            tgt_ids = search(model, src, translator.options)[0][0].tokens  # the best
         tgt_in = torch.tensor([[c.bos_id] + tgt_ids], device=translator.device)  # (1, T)
         weights = force_decode(model, src, tgt_in)
     pieces = [tokenizer.sp.id_to_piece(i) for i in tgt_ids]
@@ -173,7 +173,8 @@ def heatmap_text(weights: torch.Tensor, rows: list[str], cols: list[str], title:
     return text
 
 
-def show_attention(checkpoint: Path, source: str, config: DecodeConfig, *, target: Optional[str] = None,
+def show_attention(checkpoint: Path, source: str, config: DecodeConfig, options: Optional[SearchOptions] = None, *,
+                   target: Optional[str] = None,
                    output: Optional[Path] = None, layer: int = 0, all_layers: bool = False, terminal: bool = False,
                    console=None):
     """The `seqtool attention` command. Returns (SentenceAttention, the matplotlib Figure or None)."""
@@ -183,7 +184,7 @@ def show_attention(checkpoint: Path, source: str, config: DecodeConfig, *, targe
         if output.suffix.lower() not in FORMATS:
             raise ConfigError(f"{output}: the picture's name must end in {', '.join(FORMATS)}")
         require_matplotlib()  # before the model is loaded: fail fast
-    translator = Translator.load(checkpoint, config)
+    translator = Translator.load(checkpoint, config, options)
     layers = selected_layers(translator.model.config, layer, all_layers)  # before the work
     att = sentence_attention(translator, source, target)
     log.info(f"{'target' if target is not None else 'translation'}: {att.translation}")

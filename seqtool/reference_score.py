@@ -30,7 +30,7 @@ from typing import Iterable, Iterator, TextIO
 import torch
 from torch import Tensor
 
-from . import log
+from . import log, pipeline
 from .errors import InputError
 from .model import padded
 from .textio import open_binary, read_lines, strip_line_end
@@ -84,10 +84,9 @@ def score_chunk(translator, start: int, sources: list[str], references: list[str
         if len(seq) > max_ref:
             log.warn(f"reference line {start + k + 1}: {len(seq)} tokens, cropped to the model's {max_ref}")
             ref_ids[k] = seq[:max_ref]
-    lengths = [max(len(s), len(r)) for s, r in zip(src_ids, ref_ids)]
-    order = sorted(range(len(sources)), key=lambda k: lengths[k], reverse=True)
+    lengths = [max(len(s), len(r)) + 1 for s, r in zip(src_ids, ref_ids)]
     logprobs: list[float] = [0.0] * len(sources)
-    for batch in translator.batches(order, lengths):
+    for batch in pipeline.pack(translator.config, lengths):
         src = translator.source_tensor([src_ids[k] for k in batch])  # (b, S)
         with torch.inference_mode():
             for k, value in zip(batch, reference_logprobs(model, src, [ref_ids[k] for k in batch])):
@@ -138,7 +137,7 @@ def score_stream(translator, chunks: Iterable[list[str]], source_name: str, targ
             rest = sum(len(c) for c in chunk_iter)
             raise mismatch(source_name, count + len(chunk) + rest, str(target), count + len(refs))
         for r in score_chunk(translator, count, chunk, refs):
-            output.write(format_reference(r, translator.config.lenpen))
+            output.write(format_reference(r, translator.options.lenpen))
         output.flush()
         count += len(chunk)
     extra = sum(1 for _ in references)

@@ -1,67 +1,88 @@
-"""Text in, translations out, in input order.
+"""Text in, translations out, in input order: the Translator and the `translate` command.
 
-Owns the path from lines of text to lines of translation: a bounded chunk of lines is read
-(when input pauses, what has arrived is translated within ~50 ms rather than waiting for a full
-chunk), tokenized, cropped to the model's positions with a warning, sorted by length, batched
-under --max-tokens / --batch-size, searched, put back in input order, detokenized, written and
-flushed. `Translator` is also the Python API for programs that embed seqtool
-(`from seqtool import Translator`). With --workers N the batches of a chunk are searched by N
-processes (workers.py) and everything else stays here.
-The input is read in a thread (linereader.py).
+`Translator` loads a checkpoint (or an ensemble) once and is the Python API for programs that embed
+seqtool (`from seqtool import Translator`); translate_file is the `seqtool translate` command. Both
+are front-ends of the one decode pipeline (pipeline.py): text becomes Segments (encoded, cropped
+to the model's positions with a warning), the pipeline batches, searches and detokenizes them. A
+bounded chunk of lines is read at a time (when input pauses, what has arrived is translated
+within ~50 ms rather than waiting for a full chunk), in a thread (linereader.py), and each chunk's
+translations are written and flushed in input order. With --workers N the batches of a chunk are
+searched by N processes (workers.py) and everything else stays here.
 """
 
 from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass
+from dataclasses import fields
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional, Sequence, TextIO, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO, Union
 
 import torch
 
-from . import allocator, ensemble, log, precision
+from . import allocator, ensemble, log, pipeline, precision
 from .alignment import align_hypotheses, format_alignment, resolve_layer
 from .errors import ConfigError, InputError
-from .config import DecodeConfig, SearchOptions
+from .config import DecodeConfig, Sampling, SearchOptions, TranslateConfig
 from .model import padded
-from .constraints import WordPieces, satisfied
+from .constraints import WordPieces
+from .pipeline import Translation
 from .search import Hypothesis, search
 from .linereader import LineReader
 from .textio import LockstepLines, open_binary, open_stdin, strip_line_end
 from .tokenizer import Tokenizer
 from .device import announce, auto_precision, pick_device, resolve_precision, sdpa_without_cudnn
 
+__all__ = ["Translator", "Translation", "translate_file", "format_translation", "settings"]
 
-@dataclass
-class Translation:
-    index: int  # 0-based input line number
-    source: str
-    hypotheses: list[Hypothesis]  # best first; empty for an empty line
-    texts: list[str]
-    alignments: Optional[list[list[tuple[int, int]]]] = None  # per hypothesis, with --print-alignment
+
+def settings(config: Optional[DecodeConfig] = None, options: Optional[SearchOptions] = None,
+             **changes: Any) -> tuple[DecodeConfig, SearchOptions]:
+    """A process's DecodeConfig and its default SearchOptions from keyword settings, each sent to the
+    config that has the field: `beam=5, device="cpu", sampling=True, topk=10`. sampling: True (with
+    topk/topp/temperature/seed), False or a Sampling; print_alignment is alignments."""
+    config, options = config or DecodeConfig(), options or SearchOptions()
+    if "print_alignment" in changes:
+        changes["alignments"] = changes.pop("print_alignment")
+    drawn = {k: changes.pop(k) for k in ("topk", "topp", "temperature", "seed") if k in changes}
+    sampling = changes.pop("sampling", options.sampling is not None)
+    if sampling is True:
+        sampling = Sampling(**drawn) if options.sampling is None else options.sampling.replace(**drawn)
+    elif sampling is False or sampling is None:
+        if drawn:
+            raise ConfigError(f"{', '.join('--' + k for k in drawn)} shape --sampling; add --sampling")
+        sampling = None
+    decode_fields = {f.name for f in fields(DecodeConfig)}
+    search_fields = {f.name for f in fields(SearchOptions)}
+    unknown = sorted(set(changes) - decode_fields - search_fields)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(decode_fields | search_fields))}")
+    config = DecodeConfig.from_dict({**config.to_dict(), **{k: v for k, v in changes.items() if k in decode_fields}})
+    options = options.replace(sampling=sampling, **{k: v for k, v in changes.items() if k in search_fields})
+    return config, options
 
 
 class Translator:
     """Load a checkpoint (or an ensemble of several) once, translate many lines.
 
-    >>> t = Translator.load("run/best.pt", beam=5)        # any DecodeConfig field, e.g. quantize="int8"
+    >>> t = Translator.load("run/best.pt", beam=5)        # any DecodeConfig or SearchOptions field, e.g. quantize="int8"
     >>> t.translate(["Hola mundo."])                       # a list in, a list out
 
-    Like config.threads (torch.set_num_threads), loading for CPU changes the process: glibc
-    keeps freed memory for reuse (allocator.keep_freed_memory).
+    `config` is how the process decodes (DecodeConfig); `options` the search a call gets unless it
+    asks for another (SearchOptions). Like config.threads (torch.set_num_threads), loading for CPU
+    changes the process: glibc keeps freed memory for reuse (allocator.keep_freed_memory).
     """
 
     def __init__(self, model, tokenizer: Tokenizer, config: DecodeConfig, device: torch.device, pool=None,
-                 configs: Optional[dict] = None):
+                 configs: Optional[dict] = None, options: Optional[SearchOptions] = None):
         self.model, self.tokenizer, self.config, self.device = model, tokenizer, config, device
         self.pool = pool  # workers.WorkerPool that decodes the batches when config.workers > 1
         self.configs: dict = configs or {}  # the (first) checkpoint's training configs: model, optim, train (its languages)
         self.max_src = model.config.max_positions - 1  # room for the EOS
         # attention weights come from one network: an ensemble's first member aligns
         self.aligner = model.models[0] if isinstance(model, ensemble.Ensemble) else model
-        self.options = config.search_options()  # what a request gets unless it asks otherwise
-        if config.print_alignment:
+        self.options = options or SearchOptions()  # what a call gets unless it asks otherwise
+        if config.alignments:
             resolve_layer(config.alignment_layer, self.aligner.config.decoder_layers, "--alignment-layer")  # fail before reading input
         self._word_pieces: Optional[WordPieces] = None
 
@@ -76,12 +97,10 @@ class Translator:
 
     @classmethod
     def load(cls, path: Union[str, Path, Sequence[Union[str, Path]]], config: Optional[DecodeConfig] = None,
-             **options) -> "Translator":
-        """path: a checkpoint, or a list of checkpoints to translate with as an ensemble.
-        options: DecodeConfig fields, applied over `config` (e.g. beam=5, nbest=2, sampling=True)."""
-        config = config or DecodeConfig()
-        if options:
-            config = DecodeConfig.from_dict({**config.to_dict(), **options})
+             options: Optional[SearchOptions] = None, **changes) -> "Translator":
+        """path: a checkpoint, or a list of checkpoints to translate with as an ensemble. changes:
+        DecodeConfig and SearchOptions fields over `config` and `options` (settings() says how)."""
+        config, options = settings(config, options, **changes)
         if config.threads:
             torch.set_num_threads(config.threads)
         device = pick_device(config.device)
@@ -98,10 +117,10 @@ class Translator:
         if device.type == "cpu":
             allocator.keep_freed_memory()  # no page faults for every step's buffers (allocator.py)
         paths = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]
-        use_workers = config.workers > 1 and not config.score_reference  # reference scoring runs here, not in workers
+        use_workers = config.workers > 1
         if use_workers and device.type != "cpu":
             raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
-        if use_workers and not config.print_alignment:  # the workers hold the models: N workers, N models
+        if use_workers and not config.alignments:  # the workers hold the models: N workers, N models
             model, tokenizer_bytes, configs = ensemble.load_header(paths)
         else:
             model, tokenizer_bytes, configs = ensemble.load(paths, device, config.precision, config.quantize)
@@ -113,9 +132,9 @@ class Translator:
             each = max(1, (config.threads or torch.get_num_threads()) // config.workers)
             # each worker loads its own Translator of one process and `each` threads (load sets them)
             load = functools.partial(cls.load, paths if len(paths) > 1 else paths[0],
-                                     config.replace(workers=1, threads=each))
+                                     config.replace(workers=1, threads=each), options)
             pool = WorkerPool(load, config.workers)
-        translator = cls(model, tokenizer, config, device, pool, configs)
+        translator = cls(model, tokenizer, config, device, pool, configs, options)
         if chose:
             log.info(chose)  # once all is loaded and checked: an error stays the only line
         return translator
@@ -133,30 +152,9 @@ class Translator:
         self.close()
 
     def encode(self, start: int, lines: list[str], what: str = "input line") -> list[list[int]]:
-        """Token ids of each line (one tokenizer call per chunk), cropped to the model's positions
-        with a warning naming `what` and the line number."""
-        ids = self.tokenizer.encode_batch(lines)
-        for k, seq in enumerate(ids):
-            if len(seq) > self.max_src:
-                log.warn(f"{what} {start + k + 1}: {len(seq)} tokens, cropped to the model's {self.max_src}")
-                ids[k] = seq[: self.max_src]
-        return ids
-
-    def batches(self, order: list[int], lengths: list[int]) -> Iterator[list[int]]:
-        """Consecutive runs of `order` (indices into `lengths`, sentence lengths without EOS) that
-        fit --batch-size sentences and --max-tokens padded source tokens."""
-        c = self.config
-        batch: list[int] = []
-        width = 0
-        for i in order:
-            w = max(width, lengths[i] + 1)
-            if batch and (len(batch) >= c.batch_size or (c.max_tokens and w * (len(batch) + 1) > c.max_tokens)):
-                yield batch
-                batch, w = [], lengths[i] + 1
-            batch.append(i)
-            width = w
-        if batch:
-            yield batch
+        """Token ids of each line, cropped to the model's positions with a warning naming `what` and
+        the line number."""
+        return [s.ids for s in pipeline.encode(self, lines, pipeline.lines(start, lines, what))]
 
     def source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
         """(B, S) ids + EOS, right-padded, on the device: what search and scoring take."""
@@ -166,12 +164,11 @@ class Translator:
     def translate_chunk(self, start: int, lines: list[str], options: Optional[SearchOptions] = None,
                         prefixes: Optional[list[str]] = None, constraints: Optional[list[list]] = None) -> list[Translation]:
         """Translate lines numbered start, start+1, ...; results in the same order. options: this
-        request's search (default: the config's). prefixes: each line's target prefix ("" none):
+        call's search (default: the Translator's). prefixes: each line's target prefix ("" none):
         its translation starts with it. constraints: each line's phrases (terms.py items: a phrase
         or a list of alternative phrases) that its translation must contain."""
-        prefix_ids = self.encode(start, prefixes, "target prefix of line") if prefixes is not None else None
-        groups = [self.constraint_ids(items) for items in constraints] if constraints is not None else None
-        return self.translate_ids(start, lines, self.encode(start, lines), options, prefix_ids=prefix_ids, constraint_ids=groups)
+        segments = pipeline.encode(self, lines, pipeline.lines(start, lines, "input line"), prefixes, constraints)
+        return pipeline.run(self, segments, options or self.options)
 
     def constraint_ids(self, items: list) -> list[list[list[int]]]:
         """A line's constraint items as groups of alternative token sequences. Each phrase gives the
@@ -196,51 +193,6 @@ class Translator:
             groups.append(alternatives)
         return groups
 
-
-    def translate_ids(self, start: int, lines: list[str], ids: list[list[int]],
-                      options: Optional[SearchOptions] = None, keys: Optional[list[int]] = None,
-                      prefix_ids: Optional[list[list[int]]] = None, constraint_ids: Optional[list] = None,
-                      labels: Optional[list[str]] = None, abandoned: Optional[Callable[[], frozenset]] = None) -> list[Translation]:
-        """translate_chunk after tokenization: `ids` are the token ids of `lines` (training's
-        validation passes the valid split's ids here, so it decodes exactly as translate does).
-        keys: each line's identity for sampling's random numbers (default: its line number
-        start + k); the server passes each segment's own, so its samples never depend on what
-        shares its batch. prefix_ids: each line's target prefix as token ids (empty: none).
-        constraint_ids: each line's constraints as constraint_ids gives them (empty: none); a line
-        whose best translation lacks one (it did not fit in the length limit) gets a warning.
-        labels: how warnings name each line (default "line N"). abandoned: the indices of lines
-        nobody waits for any more (a server's cancelled requests), asked at every step: they leave
-        the search at once and translate to nothing."""
-        options = options or self.options
-        keys = keys if keys is not None else [start + k for k in range(len(lines))]
-        ids = [seq[: self.max_src] for seq in ids]  # encode crops with a warning; stored ids silently
-        results: list[Optional[list[Hypothesis]]] = [None] * len(lines)
-        alignments: list[Optional[list]] = [None] * len(lines)
-        todo = [k for k in range(len(lines)) if ids[k]]  # an empty line translates to an empty line
-        lengths = [len(x) for x in ids]
-        todo.sort(key=lambda k: lengths[k], reverse=True)
-        batches = list(self.batches(todo, lengths))
-        # the input line numbers seed each sentence's samples: the batching does not matter
-        jobs = [([ids[k] for k in batch], [keys[k] for k in batch], options,
-                 None if prefix_ids is None else [prefix_ids[k] for k in batch],
-                 None if constraint_ids is None else [constraint_ids[k] for k in batch]) for batch in batches]
-        if self.pool is not None:  # (worker processes cannot ask `abandoned`)
-            done = self.pool.search(jobs)
-        else:
-            done = (self.search_batch(*job, wanted=_wanted(abandoned, batch)) for job, batch in zip(jobs, batches))
-        for batch, (hyps, aligned) in zip(batches, done):
-            for i, k in enumerate(batch):
-                results[k] = hyps[i]
-                if aligned is not None:
-                    alignments[k] = aligned[i]
-        hyps_of = [results[k] or [] for k in range(len(lines))]
-        for k, hyps in enumerate(hyps_of):
-            if constraint_ids is not None and constraint_ids[k] and hyps and not satisfied(hyps[0].tokens, constraint_ids[k]):
-                log.warn(f"{labels[k] if labels else f'line {start + k + 1}'}: the translation lacks a constraint "
-                         "(it does not fit in the output length limit)")
-        texts = iter(self.tokenizer.decode_batch([h.tokens for hyps in hyps_of for h in hyps]))  # one call per chunk
-        return [Translation(start + k, line, hyps, [next(texts) for _ in hyps], alignments[k])
-                for k, (line, hyps) in enumerate(zip(lines, hyps_of))]
 
     def search_batch(self, rows: list[list[int]], keys: list[int], options: Optional[SearchOptions] = None,
                      prefixes: Optional[list[list[int]]] = None, constraints: Optional[list] = None,
@@ -268,7 +220,7 @@ class Translator:
                 for i, h in zip(group, found):
                     hyps[i] = h
             # one forced pass over the final hypotheses; search is untouched
-            aligned = list(align_hypotheses(self.aligner, src, hyps, c.alignment_layer)) if c.print_alignment else None
+            aligned = list(align_hypotheses(self.aligner, src, hyps, c.alignment_layer)) if c.alignments else None
         return hyps, aligned
 
     def translate(self, lines: Union[str, Iterable[str]], options: Optional[SearchOptions] = None,
@@ -343,17 +295,6 @@ class Translator:
                 raise InputError(f"{what}: more items than the {start} lines; give one per line")
 
 
-def _wanted(abandoned: Optional[Callable[[], frozenset]], batch: list[int]) -> Optional[Callable[[], Optional[torch.Tensor]]]:
-    """search's `wanted` for one batch of lines: None while no line of the call is abandoned."""
-    if abandoned is None:
-        return None
-
-    def wanted() -> Optional[torch.Tensor]:
-        gone = abandoned()
-        return torch.tensor([k not in gone for k in batch]) if gone else None
-    return wanted
-
-
 def _subset(wanted: Callable[[], Optional[torch.Tensor]], group: list[int]) -> Callable[[], Optional[torch.Tensor]]:
     def part() -> Optional[torch.Tensor]:
         w = wanted()
@@ -361,39 +302,41 @@ def _subset(wanted: Callable[[], Optional[torch.Tensor]], group: list[int]) -> C
     return part
 
 
-def format_translation(t: Translation, config: DecodeConfig) -> str:
+def format_translation(t: Translation, io: TranslateConfig, nbest: int) -> str:
     """Plain: the best hypothesis. With --nbest N > 1, --print-scores or --print-alignment: N
     tab-separated lines, `index score hypothesis [alignment]`.
 
-    A hypothesis never spans lines: a \\n decoded from a byte piece becomes a space."""
+    A hypothesis never spans lines: a \n decoded from a byte piece becomes a space."""
     texts = [text.replace("\n", " ") for text in t.texts]
-    if config.nbest == 1 and not config.print_scores and not config.print_alignment:
+    if nbest == 1 and not io.print_scores and not io.print_alignment:
         return (texts[0] if texts else "") + "\n"
     rows = [f"{t.index}\t{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, texts)]
-    if config.print_alignment:
+    if io.print_alignment:
         rows = [f"{row}\t{format_alignment(a)}" for row, a in zip(rows, t.alignments or [])]
     if not rows:  # an empty line: one empty hypothesis, still N lines as promised
-        rows = [f"{t.index}\t0.0000\t" + ("\t" if config.print_alignment else "")] * config.nbest
-    rows += [rows[-1]] * (config.nbest - len(rows))
+        rows = [f"{t.index}\t0.0000\t" + ("\t" if io.print_alignment else "")] * nbest
+    rows += [rows[-1]] * (nbest - len(rows))
     return "\n".join(rows) + "\n"
 
 
 ATTACH = "("  # what a phrase is written after to see its pieces when attached to a preceding character
 
 
-def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeConfig, input_path: Optional[Path] = None,
-                   output: Optional[TextIO] = None) -> int:
+def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeConfig, options: SearchOptions,
+                   io: TranslateConfig, input_path: Optional[Path] = None, output: Optional[TextIO] = None) -> int:
     """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines.
 
-    checkpoint_path: one checkpoint, or several for an ensemble. With config.score_reference, the
-    lines of config.target are scored instead (reference_score.py)."""
+    checkpoint_path: one checkpoint, or several for an ensemble. config: how the process decodes;
+    options: the search; io: the files read with the input and the output's format. With
+    io.score_reference, the lines of io.target are scored instead (reference_score.py)."""
+    io.check(options)
     # the inputs first: a missing file or a closed stdin is reported before the model loads
     if input_path is not None:
         stream, name = open_binary(input_path), str(input_path)
     else:
         stream, name = open_stdin(unbuffered=True), "<stdin>"  # read by LineReader's thread
-    paired = [(Path(f), o) for f, o in ((config.target, "--score-reference"), (config.target_prefix, "--target-prefix"),
-                                        (config.constraints, "--constraints")) if f]
+    paired = [(Path(f), o) for f, o in ((io.target, "--score-reference"), (io.target_prefix, "--target-prefix"),
+                                        (io.constraints, "--constraints")) if f]
     for second, option in paired:  # files read line for line with the input
         from .reference_score import check_line_counts
 
@@ -401,37 +344,37 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
         if input_path is not None:
             check_line_counts(input_path, second, option)
     glossary = None
-    if config.glossary:
+    if io.glossary:
         from .terms import Glossary
 
-        glossary = Glossary.read(Path(config.glossary), config.glossary_ignore_case)
+        glossary = Glossary.read(Path(io.glossary), io.glossary_ignore_case)
     if output is None:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
-    with Translator.load(checkpoint_path, config) as translator:  # (stops --workers processes at the end)
+    config = config.replace(alignments=config.alignments or io.print_alignment)
+    with Translator.load(checkpoint_path, config, options) as translator:  # (stops --workers processes at the end)
         output = output or sys.stdout
-        reader = LineReader(stream, name, errors=config.errors)
-        if config.score_reference:
+        reader = LineReader(stream, name, errors=io.errors)
+        if io.score_reference:
             from .reference_score import score_stream
 
-            return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(config.target), output, config.errors)
+            return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(io.target), output, io.errors)
         count = 0
-        prefixes = LockstepLines(Path(config.target_prefix), name, "--target-prefix", "one line per input line (an empty line: no prefix)", config.errors) if config.target_prefix else None
-        wanted = LockstepLines(Path(config.constraints), name, "--constraints", "one JSON list per input line (an empty line: none)", config.errors) if config.constraints else None
+        prefixes = LockstepLines(Path(io.target_prefix), name, "--target-prefix", "one line per input line (an empty line: no prefix)", io.errors) if io.target_prefix else None
+        wanted = LockstepLines(Path(io.constraints), name, "--constraints", "one JSON list per input line (an empty line: none)", io.errors) if io.constraints else None
         for chunk in reader.chunks(config.chunk_lines):
             constraints = None
             if wanted or glossary:
                 from .terms import parse_constraints_line
 
                 given = wanted.take(count, len(chunk)) if wanted else [""] * len(chunk)
-                constraints = [parse_constraints_line(c, f"{config.constraints}:{count + k + 1}") + (glossary.match(line) if glossary else [])
+                constraints = [parse_constraints_line(c, f"{io.constraints}:{count + k + 1}") + (glossary.match(line) if glossary else [])
                                for k, (c, line) in enumerate(zip(given, chunk))]
             for t in translator.translate_chunk(count, chunk, prefixes=prefixes.take(count, len(chunk)) if prefixes else None,
                                                 constraints=constraints):
-                output.write(format_translation(t, config))
+                output.write(format_translation(t, io, options.nbest))
             output.flush()
             count += len(chunk)
         for lockstep in (prefixes, wanted):
             if lockstep:
                 lockstep.finish(count)
         return count
-

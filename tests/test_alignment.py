@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seqtool.alignment import align_hypotheses, force_decode, format_alignment, hard_alignment
-from seqtool.config import ConfigError, DecodeConfig, model_config_for
+from seqtool.config import ConfigError, DecodeConfig, SearchOptions, TranslateConfig, model_config_for
 from seqtool.model import MultiHeadAttention
 from seqtool.search import Hypothesis
 from seqtool.translate import Translator, format_translation
@@ -115,15 +115,14 @@ def _need_weights_calls(monkeypatch):
 
 def test_print_alignment_fields_and_no_cost_when_not_asked(tiny_checkpoint, monkeypatch):
     calls = _need_weights_calls(monkeypatch)
-    plain = Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=6, device="cpu"))
+    plain = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu")
     plain.translate(["a b c", "d"])
     assert calls and not any(calls)  # search never asks for weights
-    config = DecodeConfig(beam=2, nbest=2, max_len_b=6, device="cpu", print_alignment=True)
-    t = Translator.load(tiny_checkpoint, config)
+    t = Translator.load(tiny_checkpoint, beam=2, nbest=2, max_len_b=6, device="cpu", alignments=True)
     calls.clear()
     results = t.translate_chunk(0, ["a b c", "", "d"])
     assert any(calls)
-    lines = "".join(format_translation(r, config) for r in results).splitlines()
+    lines = "".join(format_translation(r, TranslateConfig(print_alignment=True), 2) for r in results).splitlines()
     fields = [line.split("\t") for line in lines]
     assert [f[0] for f in fields] == ["0", "0", "1", "1", "2", "2"] and all(len(f) == 4 for f in fields)
     assert fields[2][2:] == ["", ""]  # the empty line
@@ -167,7 +166,7 @@ def test_png_has_one_panel_per_head_of_each_attention(tiny_checkpoint, tmp_path)
     from seqtool.plot import show_attention
 
     out = tmp_path / "attn.png"
-    att, fig = show_attention(tiny_checkpoint, "a b c d", DecodeConfig(beam=2, max_len_b=5, device="cpu"), output=out)
+    att, fig = show_attention(tiny_checkpoint, "a b c d", DecodeConfig(device="cpu"), SearchOptions(beam=2, max_len_b=5), output=out)
     assert imread(out).ndim == 3
     panels = _heatmap_panels(fig)
     assert len(panels) == 3 * 4  # encoder self, decoder self, encoder-decoder x 4 heads, last layer
@@ -240,8 +239,8 @@ def test_attention_options_reach_the_library_call(monkeypatch):
 
     seen = {}
 
-    def fake(checkpoint, source, config, **options):
-        seen.update(checkpoint=checkpoint, source=source, config=config, **options)
+    def fake(checkpoint, source, config, search, **options):
+        seen.update(checkpoint=checkpoint, source=source, config=config, search=search, **options)
         return None, None
 
     monkeypatch.setattr(seqtool.plot, "show_attention", fake)
@@ -251,8 +250,8 @@ def test_attention_options_reach_the_library_call(monkeypatch):
     assert result.exit_code == 0, result.output
     assert seen["checkpoint"] == Path("m.pt") and seen["source"] == "hola mundo" and seen["target"] == "hello world"
     assert (seen["layer"], seen["all_layers"], seen["terminal"], seen["output"]) == (2, True, True, None)
-    c = seen["config"]
-    assert (c.beam, c.lenpen, c.device, c.precision, c.threads) == (3, 0.5, "cpu", "bf16", 1)
+    c, o = seen["config"], seen["search"]
+    assert (o.beam, o.lenpen, c.device, c.precision, c.threads) == (3, 0.5, "cpu", "bf16", 1)
 
 
 def test_attention_without_output_or_terminal_and_a_missing_layer_are_refused(tiny_checkpoint):

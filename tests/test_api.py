@@ -87,10 +87,9 @@ def test_an_iterator_is_translated_lazily(api):
 
 def test_load_takes_decode_options_and_refuses_unknown_ones(api, tiny_checkpoint):
     Translator, ckpt = api
-    from seqtool.config import DecodeConfig
 
-    t = Translator.load(ckpt, DecodeConfig(beam=3, device="cpu"), nbest=2)
-    assert (t.config.beam, t.config.nbest) == (3, 2)
+    t = Translator.load(ckpt, beam=3, device="cpu", nbest=2)
+    assert (t.options.beam, t.options.nbest, t.config.device) == (3, 2, "cpu")
     with pytest.raises(ConfigError, match="unknown setting.*bem"):
         Translator.load(ckpt, bem=3)
     with pytest.raises(ConfigError, match="--topk"):
@@ -117,8 +116,8 @@ def _seen_by_translate_file(monkeypatch, args):
 
     seen = {}
 
-    def fake(checkpoint, config, input_path=None, output=None):
-        seen.update(checkpoint=checkpoint, config=config)
+    def fake(checkpoint, config, options, io, input_path=None, output=None):
+        seen.update(checkpoint=checkpoint, config=config, options=options, io=io)
         return 0
 
     monkeypatch.setattr(seqtool.translate, "translate_file", fake)
@@ -130,8 +129,8 @@ def _seen_by_translate_file(monkeypatch, args):
 def test_sampling_options_reach_the_library_call(monkeypatch):
     seen = _seen_by_translate_file(monkeypatch, ["-c", "m.pt", "--sampling", "--topk", "8", "--topp", "0.9",
                                                  "--temperature", "0.7", "--seed", "123", "--nbest", "9"])
-    c = seen["config"]
-    assert (c.sampling, c.topk, c.topp, c.temperature, c.seed, c.nbest) == (True, 8, 0.9, 0.7, 123, 9)
+    o = seen["options"]
+    assert (o.sampling.topk, o.sampling.topp, o.sampling.temperature, o.sampling.seed, o.nbest) == (8, 0.9, 0.7, 123, 9)
     assert seen["checkpoint"] == Path("m.pt")
 
 
@@ -139,7 +138,7 @@ def test_score_reference_and_ensemble_options_reach_the_library_call(monkeypatch
     seen = _seen_by_translate_file(monkeypatch, ["-c", "a.pt", "--checkpoint", "b.pt", "-c", "c.pt", "--score-reference",
                                                  "--target", "ref.txt"])
     assert seen["checkpoint"] == [Path("a.pt"), Path("b.pt"), Path("c.pt")]
-    assert (seen["config"].score_reference, seen["config"].target) == (True, "ref.txt")
+    assert (seen["io"].score_reference, seen["io"].target) == (True, "ref.txt")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -76,8 +76,8 @@ def test_translate_options_reach_the_library_call(monkeypatch, tmp_path):
 
     seen = {}
 
-    def fake(checkpoint, config, input_path=None, output=None):
-        seen.update(checkpoint=checkpoint, config=config, input=input_path)
+    def fake(checkpoint, config, options, io, input_path=None, output=None):
+        seen.update(checkpoint=checkpoint, config=config, options=options, io=io, input=input_path)
         return 0
 
     monkeypatch.setattr(seqtool.translate, "translate_file", fake)
@@ -85,9 +85,9 @@ def test_translate_options_reach_the_library_call(monkeypatch, tmp_path):
                                  "--max-tokens", "100", "--batch-size", "7", "--max-len-a", "1.5", "--max-len-b", "9",
                                  "--device", "cpu", "--threads", "1", "--input", "in.txt", "--print-alignment", "--alignment-layer", "2"])
     assert result.exit_code == 0, result.output
-    c = seen["config"]
-    assert (c.beam, c.lenpen, c.nbest, c.max_tokens, c.batch_size, c.max_len_a, c.max_len_b, c.device, c.threads) == (4, 0.6, 2, 100, 7, 1.5, 9, "cpu", 1)
-    assert (c.print_alignment, c.alignment_layer, c.print_scores) == (True, 2, False)
+    c, o, io = seen["config"], seen["options"], seen["io"]
+    assert (o.beam, o.lenpen, o.nbest, c.max_tokens, c.batch_size, o.max_len_a, o.max_len_b, c.device, c.threads) == (4, 0.6, 2, 100, 7, 1.5, 9, "cpu", 1)
+    assert (io.print_alignment, c.alignment_layer, io.print_scores) == (True, 2, False)
     assert seen["checkpoint"] == Path("m.pt") and seen["input"] == Path("in.txt")
 
 
@@ -166,3 +166,31 @@ def test_score_refuses_unknown_tokenizer(tmp_path):
     (tmp_path / "r").write_text("a\n")
     result = runner.invoke(app, ["score", "--ref", str(tmp_path / "r"), "--tokenize", "klingon"], input="a\n")
     assert result.exit_code == 1 and "unknown --tokenize" in result.output
+
+
+def test_every_option_that_is_a_config_field_has_its_default_and_help():
+    """A default is written once: translate's, serve's and attention's options that set a field of a
+    config dataclass take the field's default (and its help, where the option does not say more
+    about its own command), so the command line and the library cannot drift apart."""
+    import typer.main
+
+    from seqtool.config import DecodeConfig, Sampling, SearchOptions, ServeConfig, TranslateConfig, field_info
+
+    import dataclasses
+
+    owners = [ServeConfig, SearchOptions, Sampling, DecodeConfig, TranslateConfig]
+    checked = 0
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        if name not in ("translate", "serve", "attention"):
+            continue
+        click = typer.main.get_command_from_info(command, pretty_exceptions_short=False, rich_markup_mode=None)
+        for param in click.params:
+            owner = next((cls for cls in owners if param.name in {f.name for f in dataclasses.fields(cls)}), None)
+            if owner is None or param.name == "precision" and name == "attention" or param.name == "sampling":
+                continue  # (attention draws the weights as trained: fp32 unless asked; --sampling is a flag for a Sampling)
+            info = field_info(owner, param.name)
+            default = param.default if not (param.default is None and info["default"] == "") else ""
+            assert default == info["default"], f"{name} --{param.name}: {param.default!r} != {owner.__name__}'s {info['default']!r}"
+            checked += 1
+    assert checked >= 50

@@ -199,10 +199,9 @@ def test_a_constraints_line_is_a_json_list_of_phrases_or_of_forms():
 def test_a_phrase_matches_however_the_tokenizer_splits_it_in_context(tiny_checkpoint):
     """A word alone and the same word attached to a bracket split into different pieces; both are
     forms of its constraint."""
-    from seqtool.config import DecodeConfig
     from seqtool.translate import Translator
 
-    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", beam=2, max_len_b=8))
+    t = Translator.load(tiny_checkpoint, device="cpu", beam=2, max_len_b=8)
     word = next(w for w in ("abc", "hello", "abcd", "bad", "face") if t.tokenizer.pieces(w) != t.tokenizer.pieces("(" + w)[1:])
     (forms,) = t.constraint_ids([word])
     alone, attached = t.tokenizer.encode(word), t.tokenizer.encode("(" + word)[len(t.tokenizer.encode("(")):]
@@ -216,7 +215,6 @@ def _run(ckpt, data: bytes, *args):
 
 
 def test_cli_constraints_and_glossary_are_kept_and_equal_the_python_api(tiny_checkpoint, tmp_path):
-    from seqtool.config import DecodeConfig
     from seqtool.translate import Translator
 
     lines = ["a b c", "d e f", "g h", ""]
@@ -227,7 +225,7 @@ def test_cli_constraints_and_glossary_are_kept_and_equal_the_python_api(tiny_che
     assert result.returncode == 0, result.stderr.decode()
     out = result.stdout.decode().split("\n")[:4]
     assert "h g" in out[0] and "c a" in out[1] and ("e e" in out[2] or "f f" in out[2]) and out[3] == ""
-    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", precision="fp32", beam=3, max_len_b=12))
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", beam=3, max_len_b=12)
     assert t.translate(lines, constraints=[["h g"], ["c a"], [["e e", "f f"]], []]) == out
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from seqtool import checkpoint
-from seqtool.config import DecodeConfig, TokenizerConfig, model_config_for
+from seqtool.config import TokenizerConfig, model_config_for
 from seqtool.ensemble import Ensemble
 from seqtool.model import Transformer
 from seqtool.search import Sampling, beam_search, greedy_search, sample
@@ -111,7 +111,7 @@ def other_tokenizer_checkpoint(tiny_checkpoint, tmp_path_factory):
 
 def test_checkpoints_with_different_tokenizers_are_refused(tiny_checkpoint, other_tokenizer_checkpoint):
     with pytest.raises(InputError) as error:
-        Translator.load([tiny_checkpoint, other_tokenizer_checkpoint], DecodeConfig(device="cpu"))
+        Translator.load([tiny_checkpoint, other_tokenizer_checkpoint], device="cpu")
     message = str(error.value)
     assert str(other_tokenizer_checkpoint) in message and str(tiny_checkpoint) in message and "tokenizer" in message
     result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "-c",
@@ -136,7 +136,7 @@ def test_cli_ensemble_of_a_checkpoint_with_itself_prints_the_same(tiny_checkpoin
 
 
 def test_translator_loads_an_ensemble(tiny_checkpoint):
-    t = Translator.load([tiny_checkpoint, tiny_checkpoint], DecodeConfig(beam=2, max_len_b=6, device="cpu", print_alignment=True))
+    t = Translator.load([tiny_checkpoint, tiny_checkpoint], beam=2, max_len_b=6, device="cpu", alignments=True)
     assert isinstance(t.model, Ensemble) and len(t.model.models) == 2
     out = t.translate_chunk(0, ["a b c", ""])
     assert len(out) == 2 and out[0].alignments is not None  # alignments from the first member

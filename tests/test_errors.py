@@ -24,10 +24,10 @@ from typer.testing import CliRunner
 
 from seqtool import checkpoint
 from seqtool.cli import app
-from seqtool.config import DecodeConfig, TokenizerConfig
+from seqtool.config import TokenizerConfig, TranslateConfig
 from seqtool.data import ParallelDataset
 from seqtool.tokenizer import Tokenizer, train_tokenizer
-from seqtool.translate import translate_file
+from seqtool.translate import settings, translate_file
 
 runner = CliRunner()
 PYTHON = [sys.executable, "-m", "seqtool"]
@@ -295,7 +295,7 @@ def test_full_disk_at_save_keeps_the_previous_checkpoint(data_dir, tmp_path, mon
 def test_full_disk_while_translating_keeps_the_previous_output(tmp_path, monkeypatch):
     import seqtool.translate
 
-    def write_then_fail(checkpoint_path, config, input_path, output):
+    def write_then_fail(checkpoint_path, config, options, io, input_path, output):
         output.write("half a translation\n")
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -363,7 +363,7 @@ def test_stdin_closed_or_a_terminal(tiny_checkpoint, tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(sys, "stdin", Terminal())
     out = io.StringIO()
-    assert translate_file(tiny_checkpoint, DecodeConfig(beam=1, max_len_b=4, device="cpu"), None, out) == 1
+    assert translate_file(tiny_checkpoint, *settings(beam=1, max_len_b=4, device="cpu"), TranslateConfig(), None, out) == 1
     assert "reading from the terminal: type lines, end with Ctrl-D" in capsys.readouterr().err
 
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from conftest import write_reverse_corpus
 from seqtool import checkpoint
 from seqtool.cli import app
-from seqtool.config import DecodeConfig, OptimConfig, TokenizerConfig, TrainConfig, model_config_for
+from seqtool.config import OptimConfig, TokenizerConfig, TrainConfig, model_config_for
 from seqtool.model import Transformer
 from seqtool.textio import InputError
 from seqtool.tokenizer import train_tokenizer
@@ -50,7 +50,7 @@ def test_ctranslate2_decodes_the_export_as_seqtool_does(corpus, pre_norm):
     out = export(ckpt, d / f"ct2-{pre_norm}")
     assert {"model.bin", "config.json", "sentencepiece.model"} <= {p.name for p in out.iterdir()}
     lines = texts["test"][0] + texts["train"][0][:10]
-    translator = Translator.load(ckpt, DecodeConfig(beam=1, max_len_b=25, device="cpu", precision="fp32"))
+    translator = Translator.load(ckpt, beam=1, max_len_b=25, device="cpu", precision="fp32")
     ours = translator.translate_chunk(0, lines)
     piece = translator.tokenizer.sp.id_to_piece
 

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 import seqtool.binarize
 from seqtool.binarize import SplitSpec, binarize
 from seqtool.cli import app
-from seqtool.config import DecodeConfig
+from seqtool.config import TranslateConfig
 from seqtool.data import ParallelDataset
 from seqtool.tokenizer import Tokenizer
 from seqtool.translate import Translator, translate_file
@@ -57,21 +57,19 @@ def as_text(raw: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def greedy(tiny_checkpoint):
-    config = DecodeConfig(beam=1, max_len_b=5, batch_size=4, max_tokens=40, device="cpu", chunk_lines=5)
-    return Translator.load(tiny_checkpoint, config)
+    return Translator.load(tiny_checkpoint, beam=1, max_len_b=5, batch_size=4, max_tokens=40, device="cpu", chunk_lines=5)
 
 
 @FUZZ
 @given(lines=st.lists(LINE, max_size=14), final_newline=st.booleans(), scores=st.booleans())
 def test_translate_writes_one_line_per_line_in_order(greedy, tiny_checkpoint, lines, final_newline, scores):
-    config = greedy.config.replace(print_scores=scores)
-    translator = Translator(greedy.model, greedy.tokenizer, config, greedy.device)
+    translator = Translator(greedy.model, greedy.tokenizer, greedy.config, greedy.device, options=greedy.options)
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
         path = Path(tmp) / "in.txt"
         path.write_bytes(as_file(lines, final_newline))
         patch.setattr(Translator, "load", classmethod(lambda cls, *args: translator))  # the model loads once per module
         out = io.StringIO()
-        assert translate_file(tiny_checkpoint, config, path, out) == len(lines)
+        assert translate_file(tiny_checkpoint, greedy.config, greedy.options, TranslateConfig(print_scores=scores), path, out) == len(lines)
     rows = out.getvalue().split("\n")
     assert rows.pop() == ""  # every output line ends with \n
     assert len(rows) == len(lines)

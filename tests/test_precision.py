@@ -75,7 +75,7 @@ def test_bf16_casts_the_weights_once_and_scores_stay_float32(tiny_checkpoint, ba
     assert {p.dtype for p in b.parameters()} == {torch.bfloat16}
     ref, got = _lprobs(fp32, *batch), _lprobs(b, *batch)
     assert (got - ref).abs().max() < 0.1
-    t = Translator.load(tiny_checkpoint, DecodeConfig(beam=3, nbest=2, max_len_b=6, device="cpu", precision="bf16"))
+    t = Translator.load(tiny_checkpoint, beam=3, nbest=2, max_len_b=6, device="cpu", precision="bf16")
     out = t.translate_chunk(0, ["a b c", "", "d e"])
     assert [len(x.hypotheses) for x in out] == [2, 0, 2]
     assert all(isinstance(h.score, float) and h.score <= 0 for x in out for h in x.hypotheses)
@@ -84,9 +84,9 @@ def test_bf16_casts_the_weights_once_and_scores_stay_float32(tiny_checkpoint, ba
 @pytest.mark.parametrize("precision_name, quantize", [("fp32", "int8"), ("bf16", "none")])
 def test_translations_match_fp32_for_most_lines(tiny_checkpoint, precision_name, quantize):
     lines = ["a b c d", "e f g", "h i j a b", "c", "j i h g f e"]
-    ref = Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=6, device="cpu")).translate(lines)
-    got = Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=6, device="cpu", precision=precision_name,
-                                                        quantize=quantize)).translate(lines)
+    ref = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu").translate(lines)
+    got = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu", precision=precision_name,
+                                                        quantize=quantize).translate(lines)
     assert len(got) == len(lines)
     assert sum(a == b for a, b in zip(ref, got)) >= 3
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from seqtool.config import DecodeConfig, model_config_for
+from seqtool.config import model_config_for
 from seqtool.ensemble import Ensemble
 from seqtool.model import Transformer
 from seqtool.reference_score import count_lines, reference_logprobs
@@ -70,7 +70,7 @@ def test_cli_prints_one_scored_reference_per_input_line(tiny_checkpoint, tmp_pat
         assert float(score) == pytest.approx(total / tokens ** 0.5, abs=2e-3)
         assert total < 0
     # the same numbers from the Python API, and from stdin; batching does not change them
-    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", batch_size=1))
+    t = Translator.load(tiny_checkpoint, device="cpu", batch_size=1)
     scores = list(t.score(["a b c", "d e", "", "f g h i"], ["c b a", "e d", "j", ""]))
     assert [f"{s.logprob:.4f}" for s in scores] == [r[3] for r in rows]
     piped = _cli(tiny_checkpoint, "--score-reference", "--target", tmp_path / "ref.txt", "--lenpen", "0.5", "--batch-size", "2",
@@ -94,7 +94,7 @@ def test_unequal_line_counts_are_one_clear_error(tiny_checkpoint, tmp_path):
 
 
 def test_api_refuses_unequal_lists(tiny_checkpoint):
-    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", chunk_lines=2))
+    t = Translator.load(tiny_checkpoint, device="cpu", chunk_lines=2)
     with pytest.raises(InputError, match="3 sources but 2 references"):
         list(t.score(["a", "b", "c"], ["a", "b"]))
     with pytest.raises(InputError, match="2 sources but 5 references"):

@@ -55,39 +55,43 @@ def test_a_bad_request_sent_into_the_same_batch_fails_alone(server, offline):
     assert third.status_code == 200 and [t["text"] for t in third.json()["translations"]] == [offline[i][0] for i in range(3, 6)]
 
 
-def test_a_batch_that_fails_anyway_is_retried_apart_so_only_the_request_at_fault_fails():
-    """The batcher's safety net, with a translator that cannot decode one request's segments: the
-    batch of three requests fails, each is decoded again alone, only the one at fault gets the error."""
+def test_a_batch_that_fails_anyway_is_retried_apart_so_only_the_request_at_fault_fails(tiny_checkpoint):
+    """The batcher's safety net, with a search that cannot decode one request's segment: the batch
+    of three requests fails, each is decoded again alone, only the one at fault gets the error."""
     from seqtool.config import SearchOptions, ServeConfig
-    from seqtool.serving.batcher import Batcher, Segment
+    from seqtool.pipeline import Origin, Segment
+    from seqtool.serving.batcher import Batcher
+    from seqtool.translate import Translator
 
-    class Flaky:
-        calls: list = []
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_b=8)
+    poison, calls, real = t.encode(0, ["h h h h h h"])[0], [], t.search_batch
 
-        def translate_ids(self, start, lines, ids, options, keys, prefix_ids, constraint_ids, labels, abandoned):
-            self.calls.append(list(lines))
-            if "poison" in lines:
-                raise RuntimeError("cannot decode poison")
-
-            class T:
-                def __init__(self, line):
-                    self.hypotheses, self.texts, self.alignments = [], [line.upper()], None
-            return [T(line) for line in lines]
+    def search_batch(rows, *args, **kwargs):
+        calls.append(len(rows))
+        if poison in rows:
+            raise RuntimeError("cannot decode poison")
+        return real(rows, *args, **kwargs)
+    t.search_batch = search_batch
+    texts = {"r1": ["a b", "c d e"], "r2": ["h h h h h h"], "r3": ["f"]}
+    alone = {name: t.translate(lines) for name, lines in texts.items() if name != "r2"}
+    calls.clear()
 
     async def scenario():
-        batcher = Batcher(Flaky(), ServeConfig(max_wait_ms=300))
+        batcher = Batcher(t, ServeConfig(max_wait_ms=300))
         loop = asyncio.get_running_loop()
-        jobs = [batcher.submit([Segment(k, text, [1]) for k, text in enumerate(texts)], len(texts), SearchOptions(), loop, name)
-                for name, texts in (("r1", ["a", "b"]), ("r2", ["poison"]), ("r3", ["c"]))]
+        jobs = []
+        for name, lines in texts.items():
+            ids = t.encode(0, lines)
+            segments = [Segment(k, line, i, origin=Origin(line=k, label=f"{name}, segment {k + 1}")) for k, (line, i) in enumerate(zip(lines, ids))]
+            jobs.append(batcher.submit(segments, len(lines), SearchOptions(max_len_b=8), loop, name))
         results = await asyncio.gather(*(j.done for j in jobs), return_exceptions=True)
         batcher.stop()
         return results
 
     r1, r2, r3 = asyncio.run(scenario())
-    assert [r[1] for r in r1] == [["A"], ["B"]] and [r[1] for r in r3] == [["C"]]
+    assert [r[1][0] for r in r1] == alone["r1"] and [r[1][0] for r in r3] == alone["r3"]
     assert isinstance(r2, RuntimeError) and "poison" in str(r2)
-    assert Flaky.calls[0] == ["a", "b", "poison", "c"]  # one batch first, then apart
-    assert sorted(map(tuple, Flaky.calls[1:])) == [("a", "b"), ("c",), ("poison",)]
+    assert calls[0] == 4 and sorted(calls[1:]) == [1, 1, 2]  # one batch of all four, then each request apart
 
 
 # 2. the event loop stays free, limits before work ---------------------------------------------------------------
@@ -196,11 +200,12 @@ def test_an_abandoned_sentence_leaves_a_running_search_and_the_others_decode_as_
 def test_a_timed_out_request_s_segments_leave_the_running_batch(tiny_checkpoint):
     """A request whose --request-timeout fired while its batch was decoding: the batcher cancels it
     and the search drops its rows at the next step (the decoder calls shrink at once)."""
-    from seqtool.config import DecodeConfig, SearchOptions, ServeConfig
-    from seqtool.serving.batcher import Batcher, Segment
+    from seqtool.config import SearchOptions, ServeConfig
+    from seqtool.pipeline import Origin, Segment
+    from seqtool.serving.batcher import Batcher
     from seqtool.translate import Translator
 
-    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", precision="fp32", threads=2))
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2)
     rows, real = [], t.model.decode
     options = SearchOptions(beam=4, max_len_b=30, min_len=30)
 
@@ -216,8 +221,8 @@ def test_a_timed_out_request_s_segments_leave_the_running_batch(tiny_checkpoint)
             return real(tokens, *args)
         t.model.decode = decode
         ids = t.encode(0, LINES[10:12])
-        first = batcher.submit([Segment(0, LINES[10], ids[0])], 1, options, loop, "first")
-        second = batcher.submit([Segment(0, LINES[11], ids[1])], 1, options, loop, "second")
+        first = batcher.submit([Segment(0, LINES[10], ids[0], origin=Origin(label="first"))], 1, options, loop, "first")
+        second = batcher.submit([Segment(0, LINES[11], ids[1], origin=Origin(label="second"))], 1, options, loop, "second")
         result = await second.done
         batcher.stop()
         return result, first.done.done()

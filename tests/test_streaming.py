@@ -10,11 +10,11 @@ import time
 import pytest
 
 import seqtool.translate
-from seqtool.config import DecodeConfig
+from seqtool.config import TranslateConfig
 from seqtool.search import Hypothesis
 from seqtool.textio import InputError
 from seqtool.linereader import LineReader
-from seqtool.translate import translate_file
+from seqtool.translate import settings, translate_file
 
 
 class Trickle:
@@ -90,10 +90,10 @@ def test_a_million_lines_stream_through_translate_in_bounded_memory(tiny_checkpo
         return [[Hypothesis(row[:n], 0.0)] for row, n in zip(src.tolist(), lengths)]
 
     monkeypatch.setattr(seqtool.translate, "search", echo)
-    config = DecodeConfig(beam=1, device="cpu", batch_size=512)
+    config, options = settings(beam=1, device="cpu", batch_size=512)
     (tmp_path / "small.txt").write_text("a b\n" * 5000)
     with open(tmp_path / "warm.txt", "w") as handle:  # torch, sentencepiece and the model warmed up before measuring
-        translate_file(tiny_checkpoint, config, tmp_path / "small.txt", handle)
+        translate_file(tiny_checkpoint, config, options, TranslateConfig(), tmp_path / "small.txt", handle)
 
     baseline, peak, done = _rss_bytes(), [0], threading.Event()
 
@@ -110,7 +110,7 @@ def test_a_million_lines_stream_through_translate_in_bounded_memory(tiny_checkpo
     gc.freeze()
     try:
         with open(output, "w", encoding="utf-8") as handle:
-            assert translate_file(tiny_checkpoint, config, source, handle) == n
+            assert translate_file(tiny_checkpoint, config, options, TranslateConfig(), source, handle) == n
     finally:
         gc.unfreeze()
         done.set()

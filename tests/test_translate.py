@@ -6,21 +6,21 @@ import sys
 
 import pytest
 
-from seqtool.config import DecodeConfig, Sampling, SearchOptions
+from seqtool.config import Sampling, SearchOptions, TranslateConfig
 from seqtool.errors import ConfigError
-from seqtool.translate import Translator, format_translation, translate_file
+from seqtool.translate import Translator, format_translation, settings, translate_file
 
 
 @pytest.fixture(scope="module")
 def translator(tiny_checkpoint):
-    return Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=8, batch_size=3, device="cpu"))
+    return Translator.load(tiny_checkpoint, beam=2, max_len_b=8, batch_size=3, device="cpu")
 
 
 def test_order_is_preserved_whatever_the_batching(translator, tiny_checkpoint):
     lines = ["a b c d e f g h", "a", "", "c d", "e f g", "j i h g f e d c b a", "b"] * 3
     expected = [translator.translate([line])[0] for line in lines]  # one at a time
     for batch_size, max_tokens in ((3, 0), (64, 0), (1, 0), (64, 12)):
-        t = Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=8, batch_size=batch_size, max_tokens=max_tokens, device="cpu", chunk_lines=5))
+        t = Translator.load(tiny_checkpoint, beam=2, max_len_b=8, batch_size=batch_size, max_tokens=max_tokens, device="cpu", chunk_lines=5)
         assert t.translate(lines) == expected
 
 
@@ -94,13 +94,13 @@ def test_translate_file_streams_from_a_file(tiny_checkpoint, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("a\nb c\n\n")
     buffer = io.StringIO()
-    n = translate_file(tiny_checkpoint, DecodeConfig(beam=1, max_len_b=5, device="cpu"), src, buffer)
+    n = translate_file(tiny_checkpoint, *settings(beam=1, max_len_b=5, device="cpu"), TranslateConfig(), src, buffer)
     assert n == 3 and buffer.getvalue().count("\n") == 3
 
 
 def test_format_pads_nbest_for_empty_lines(translator):
     t = translator.translate_chunk(0, [""])[0]
-    assert format_translation(t, DecodeConfig(beam=3, nbest=3)) == "0\t0.0000\t\n" * 3
+    assert format_translation(t, TranslateConfig(), 3) == "0\t0.0000\t\n" * 3
 
 
 def test_a_request_s_search_options_override_the_loaded_ones_for_that_call_only(translator, tiny_checkpoint):
@@ -112,7 +112,7 @@ def test_a_request_s_search_options_override_the_loaded_ones_for_that_call_only(
         fields = dict(beam=asked.beam, nbest=asked.nbest, max_len_b=asked.max_len_b, lenpen=asked.lenpen)
         if asked.sampling is not None:
             fields.update(sampling=True, topk=3, seed=11)
-        loaded = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", batch_size=3, **fields))
+        loaded = Translator.load(tiny_checkpoint, device="cpu", batch_size=3, **fields)
         assert loaded.options == asked
         assert translator.translate(lines, asked) == loaded.translate(lines)
     assert translator.options == SearchOptions(beam=2, max_len_b=8)  # the loaded settings are untouched
@@ -121,11 +121,11 @@ def test_a_request_s_search_options_override_the_loaded_ones_for_that_call_only(
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: SearchOptions(beam=0), "--beam must be >= 1"),
+    (lambda: SearchOptions(beam=0), "--beam must be in [1, 1024], got 0"),
     (lambda: SearchOptions(beam=2, nbest=3), "--nbest must be between 1 and --beam (2)"),
     (lambda: SearchOptions(max_len_a=0.0, max_len_b=0), "allow no output token"),
-    (lambda: Sampling(topp=0.0), "--topp must be in (0, 1]"),
-    (lambda: DecodeConfig(beam=2, nbest=3), "--nbest must be between 1 and --beam (2)"),  # one check, both ways in
+    (lambda: Sampling(topp=0.0), "--topp must be in (0, 1], got 0"),
+    (lambda: settings(beam=2, nbest=3), "--nbest must be between 1 and --beam (2)"),  # one check, both ways in
 ])
 def test_search_options_are_validated_where_they_are_made(make, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
@@ -143,8 +143,8 @@ def test_a_sentence_translates_the_same_whatever_shares_its_batch(tiny_checkpoin
     call, changed the hypotheses themselves.)"""
     lines = ["a b c d e f g h i j k l", "a", "c d e", "j i h g f e d c b a b c d e f", "b c", "e f g h"]
     lines += [" ".join("abcdefgh"[(i * j + i) % 8] for j in range(1 + i % 9)) for i in range(18)]
-    t = Translator.load(tiny_checkpoint, DecodeConfig(device="cpu", precision=precision, quantize=quantize, beam=3, nbest=2,
-                                                       max_len_b=10))
+    t = Translator.load(tiny_checkpoint, device="cpu", precision=precision, quantize=quantize, beam=3, nbest=2,
+                                                       max_len_b=10)
     together = t.translate_chunk(0, lines)
     among_long = t.translate_chunk(0, ["h g f e d c b a " * 6] * 2 + lines[::2])[2:]
     for k, line in enumerate(lines):
@@ -175,7 +175,7 @@ def test_target_prefixes_start_their_translations_and_an_empty_one_changes_nothi
     (tmp_path / "pre").write_text("\n".join(prefixes) + "\n")
     result = _run_cli(tiny_checkpoint, b"", "--input", str(tmp_path / "src"), "--target-prefix", str(tmp_path / "pre"))
     assert result.returncode == 0, result.stderr.decode()
-    cli = Translator.load(tiny_checkpoint, DecodeConfig(beam=2, max_len_b=6, device="cpu"))
+    cli = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu")
     assert result.stdout.decode().split("\n")[:4] == cli.translate(lines, target_prefix=prefixes)
     # stdin works in lockstep too, a chunk at a time
     result = _run_cli(tiny_checkpoint, ("\n".join(lines) + "\n").encode(), "--target-prefix", str(tmp_path / "pre"))

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence, Union
 
 from .. import log
-from ..config import DecodeConfig, ServeConfig
+from ..config import DecodeConfig, SearchOptions, ServeConfig
 from ..errors import ConfigError
 from .endpoints import Service
 from .schemas import BadRequest, LibreRequest, TranslateIn, openapi_body
@@ -33,7 +33,7 @@ def require_fastapi() -> None:
         raise ConfigError(f"seqtool serve needs {error.name}: pip install 'seqtool[serve]'") from None
 
 
-def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig):
+def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig):
     """The application; its Service (app.state.service) loads the model in a thread at start-up
     (so /health answers 503 until it is ready) and stops the batcher at shutdown."""
     require_fastapi()
@@ -46,7 +46,7 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, c
 
     from .access import limit_body
 
-    service = Service(checkpoints, decode, config)
+    service = Service(checkpoints, decode, options, config)
 
     @asynccontextmanager
     async def lifespan(app):

@@ -23,8 +23,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .. import log
+from .. import log, pipeline
 from ..config import SearchOptions, ServeConfig
+from ..pipeline import Segment
 from ..errors import InputError, ResourceError
 
 
@@ -37,16 +38,6 @@ class Request:
     results: list = field(default_factory=list)
     remaining: int = 0
     cancelled: bool = False
-
-
-@dataclass(eq=False)
-class Segment:
-    """One segment of a request, tokenized: what the runner decodes."""
-    index: int  # place in its request (also its key for sampling)
-    text: str
-    ids: list[int]
-    prefix: list[int] = field(default_factory=list)  # target prefix ids (empty: none)
-    constraints: list = field(default_factory=list)  # groups of alternative token sequences (Translator.constraint_ids)
 
 
 @dataclass(eq=False)
@@ -83,8 +74,9 @@ class Batcher:
 
     def submit(self, segments: Sequence[Segment], count: int, options: SearchOptions, loop: asyncio.AbstractEventLoop,
                name: str = "") -> Request:
-        """Queue one request of `count` segments, of which `segments` are the non-empty ones (the
-        others are answered at once with an empty translation). TooLarge when the request alone
+        """Queue one request of `count` segments, of which `segments` are the non-empty ones, each
+        knowing its place in the request (origin.line; the others are answered at once with an
+        empty translation). TooLarge when the request alone
         exceeds the queue; ResourceError when the queue is too full for it now."""
         request = Request(loop, loop.create_future(), name, [([], [], None)] * count, len(segments))
         if not segments:
@@ -192,8 +184,8 @@ class Batcher:
                 q.request.loop.call_soon_threadsafe(_deliver, q, r)
 
     def _translate(self, batch: list[_Queued]) -> list[tuple]:
-        """One Translator call over the batch's segments; the segments of a request cancelled
-        meanwhile leave the search at its next step."""
+        """One pipeline run over the batch's segments; the segments of a request cancelled meanwhile
+        leave the search at its next step."""
         seen = self.cancels
 
         def abandoned() -> frozenset:
@@ -201,11 +193,7 @@ class Batcher:
                 return NONE
             return frozenset(k for k, q in enumerate(batch) if q.request.cancelled)
 
-        out = self.translator.translate_ids(
-            0, [q.segment.text for q in batch], [q.segment.ids for q in batch], batch[0].options,
-            keys=[q.segment.index for q in batch], prefix_ids=[q.segment.prefix for q in batch],
-            constraint_ids=[q.segment.constraints for q in batch],
-            labels=[f"{q.request.name}, segment {q.segment.index + 1}" for q in batch], abandoned=abandoned)
+        out = pipeline.run(self.translator, [q.segment for q in batch], batch[0].options, abandoned)
         return [(t.hypotheses, t.texts, t.alignments) for t in out]
 
 
@@ -217,7 +205,7 @@ def _deliver(queued: _Queued, result: Any) -> None:
     if isinstance(result, Exception):
         request.done.set_exception(result)
         return
-    request.results[queued.segment.index] = result
+    request.results[queued.segment.origin.line] = result
     request.remaining -= 1
     if request.remaining == 0:
         request.done.set_result(request.results)

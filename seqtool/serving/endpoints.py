@@ -45,8 +45,8 @@ class Service:
     /health says 503 "loading"; if it fails, `failed` (the error) is set and `on_failure` is called
     (serve() then stops the server and exits 1 with the error's line)."""
 
-    def __init__(self, checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig):
-        self.checkpoints, self.decode, self.config = checkpoints, decode, config
+    def __init__(self, checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig):
+        self.checkpoints, self.decode, self.options, self.config = checkpoints, decode, options, config
         self.translator = None
         self.batcher: Optional[Batcher] = None
         self.failed: Optional[BaseException] = None
@@ -61,7 +61,7 @@ class Service:
         from ..translate import Translator
 
         try:
-            translator = Translator.load(self.checkpoints, self.decode.replace(print_alignment=self.config.alignments))
+            translator = Translator.load(self.checkpoints, self.decode.replace(alignments=self.config.alignments), self.options)
             self.translator, self.batcher = translator, Batcher(translator, self.config, self.metrics.on_batch)
             log.info(f"ready: serving on http://{self.config.host}:{self.config.port}")
         except BaseException as error:  # noqa: BLE001 - whatever it was, serve() reports it and exits

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from .. import log
-from ..config import DecodeConfig, ServeConfig
+from ..config import DecodeConfig, SearchOptions, ServeConfig
 from ..errors import ResourceError, SeqtoolError
 from ..interrupts import die_with_parent
 from .server import check, listener
@@ -42,16 +42,17 @@ def default_threads(workers: int) -> int:
     return max(1, cpus // workers)
 
 
-def run(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig) -> None:
+def run(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig) -> None:
     """Start config.workers workers and supervise them until SIGTERM/Ctrl-C or one ends on its own."""
-    check(decode, config)
+    check(options, config)
     sock = listener(config.host, config.port)
     port = sock.getsockname()[1]
     if decode.threads == 0 and decode.device in ("auto", "cpu"):
         decode = decode.replace(threads=default_threads(config.workers))
     paths = [str(p) for p in ([checkpoints] if isinstance(checkpoints, (str, Path)) else checkpoints)]
     reasons_read, reasons_write = os.pipe()  # a worker that cannot start writes its one line here
-    setup = json.dumps({"parent": os.getpid(), "checkpoints": paths, "decode": decode.to_dict(), "socket": sock.fileno(),
+    setup = json.dumps({"parent": os.getpid(), "checkpoints": paths, "decode": decode.to_dict(), "options": options.to_dict(),
+                        "socket": sock.fileno(),
                         "reasons": reasons_write, "serve": config.replace(port=port, workers=1).to_dict()})
     stopping = {"signal": None}
 
@@ -133,10 +134,11 @@ def worker() -> None:
 
     config = ServeConfig.from_dict(setup["serve"])
     decode = DecodeConfig.from_dict(setup["decode"])
+    options = SearchOptions.from_dict(setup["options"])
     checkpoints = [Path(p) for p in setup["checkpoints"]]
     sock = socket.socket(fileno=setup["socket"])
     try:
-        serve(checkpoints[0] if len(checkpoints) == 1 else checkpoints, decode, config, sock=sock)
+        serve(checkpoints[0] if len(checkpoints) == 1 else checkpoints, decode, options, config, sock=sock)
     except SeqtoolError as error:
         with os.fdopen(setup["reasons"], "w", encoding="utf-8") as reasons:
             reasons.write(str(error).replace("\n", " ") + "\n")

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from .. import pipeline
 from ..config import Sampling, SearchOptions, ServeConfig
 from ..errors import FieldError, InputError
-from .batcher import Segment
+from ..pipeline import Origin, Segment
 from .schemas import BadRequest, field_name
 
 
@@ -80,19 +81,18 @@ def segments(translator, name: str, texts: Sequence[str], prefixes: Optional[Seq
     from ..terms import Glossary, parse_items
 
     texts = [t.replace("\r", " ").replace("\n", " ") for t in texts]
-    ids = translator.encode(0, list(texts), f"{name}, segment") if texts else []
-    prefix_ids = translator.encode(0, [p.replace("\r", " ").replace("\n", " ") for p in prefixes], f"{name}, target prefix of segment") \
-        if prefixes else [[] for _ in ids]
-    groups: list[list] = [[] for _ in ids]
+    prefixes = [p.replace("\r", " ").replace("\n", " ") for p in prefixes] if prefixes else None
+    items = None
     if constraints is not None or glossary:
         terms = Glossary([(k, [v] if isinstance(v, str) else list(v)) for k, v in (glossary or {}).items()])
         try:
-            for k, text in enumerate(texts):
-                items = parse_items((list(constraints[k]) if constraints else []) + terms.match(text), f"constraints of segment {k + 1}")
-                if len(_phrases(items)) > max_constraints:
-                    raise BadRequest(413, f"constraints of segment {k + 1}: {len(_phrases(items))} phrases with the glossary's; "
-                                          f"this server takes at most {max_constraints} per segment (--max-constraints)")
-                groups[k] = translator.constraint_ids(items)
+            items = [parse_items((list(constraints[k]) if constraints else []) + terms.match(text), f"constraints of segment {k + 1}")
+                     for k, text in enumerate(texts)]
         except InputError as error:
             raise BadRequest(422, str(error)) from None
-    return [Segment(k, t, i, p, g) for k, (t, i, p, g) in enumerate(zip(texts, ids, prefix_ids, groups)) if i]
+        for k, found in enumerate(items):
+            if len(_phrases(found)) > max_constraints:
+                raise BadRequest(413, f"constraints of segment {k + 1}: {len(_phrases(found))} phrases with the glossary's; "
+                                      f"this server takes at most {max_constraints} per segment (--max-constraints)")
+    origins = [Origin(line=k, label=f"{name}, segment {k + 1}") for k in range(len(texts))]
+    return [s for s in pipeline.encode(translator, texts, origins, prefixes, items, keys=list(range(len(texts)))) if s.ids]

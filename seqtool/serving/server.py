@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from .. import log
-from ..config import DecodeConfig, ServeConfig
+from ..config import DecodeConfig, SearchOptions, ServeConfig
 from ..errors import ConfigError, ResourceError
 from .app import create_app, require_fastapi
 
@@ -35,29 +35,29 @@ def listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def check(decode: DecodeConfig, config: ServeConfig) -> None:
+def check(options: SearchOptions, config: ServeConfig) -> None:
     """The server's own defaults within its caps (before anything starts)."""
-    for value, cap, option, cap_option in ((decode.beam, config.max_beam, "--beam", "--max-beam"),
-                                           (decode.nbest, config.max_nbest, "--nbest", "--max-nbest"),
-                                           (decode.max_len_b, config.max_len, "--max-len-b", "--max-len")):
+    for value, cap, option, cap_option in ((options.beam, config.max_beam, "--beam", "--max-beam"),
+                                           (options.nbest, config.max_nbest, "--nbest", "--max-nbest"),
+                                           (options.max_len_b, config.max_len, "--max-len-b", "--max-len")):
         if value > cap:
             raise ConfigError(f"{option} {value} is over {cap_option} {cap}: the server's defaults must be within its caps")
 
 
-def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, config: ServeConfig,
+def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig,
           sock: Optional[socket.socket] = None) -> None:
     """Run the server until SIGTERM/Ctrl-C (then drain and stop). sock: a listening socket to serve on
     instead of binding host:port (a worker of pool.py). Raises the loading error when the model
     cannot be loaded, once the server has stopped."""
     require_fastapi()
-    check(decode, config)
+    check(options, config)
     import uvicorn
 
     if sock is None:
         sock = listener(config.host, config.port)
     config = config.replace(port=sock.getsockname()[1])
     try:
-        app = create_app(checkpoints, decode, config)
+        app = create_app(checkpoints, decode, options, config)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.request_timeout) + 5))
         service = app.state.service
 

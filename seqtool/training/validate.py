@@ -22,7 +22,7 @@ from typing import Any, Callable, ContextManager, Optional, Protocol
 import torch
 
 from ..checkpoint import TrainingState
-from ..config import DecodeConfig, ModelConfig, TrainConfig
+from ..config import DecodeConfig, ModelConfig, SearchOptions, TrainConfig
 from ..data import ParallelDataset, collate, epoch_batches
 from .loss import label_smoothed_nll
 from ..score import score_lines
@@ -91,34 +91,38 @@ def valid_loss(model, dataset: ParallelDataset, config: ModelConfig, max_tokens:
     return total_loss / max(total_n, 1), total_nll / max(total_n, 1)
 
 
-def decode_config(cfg: TrainConfig) -> DecodeConfig:
-    """The `seqtool translate` settings that reproduce --eval-bleu's hypotheses:
+def search_options(cfg: TrainConfig) -> SearchOptions:
+    """The `seqtool translate` search that reproduces --eval-bleu's hypotheses:
     `--beam B --lenpen L --max-len-a A --max-len-b N` (and translate's other defaults)."""
-    return DecodeConfig(beam=cfg.eval_bleu_beam, lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
-                        max_len_b=cfg.eval_bleu_max_len_b, precision="fp32")  # the training model's own weights
+    return SearchOptions(beam=cfg.eval_bleu_beam, lenpen=cfg.eval_bleu_lenpen, max_len_a=cfg.eval_bleu_max_len_a,
+                         max_len_b=cfg.eval_bleu_max_len_b)
 
 
-def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, config: DecodeConfig, device: torch.device,
+def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, options: SearchOptions, device: torch.device,
            share: Optional[Share] = None) -> list[str]:
-    """Translations of the valid split's source side, in split order, by translate.Translator:
-    the same cropping, length-sorted batching per chunk, search and detokenization as
-    `seqtool translate` on the detokenized source file. With `share`, each process translates
-    every world_size-th chunk (each exactly as translate would) and all get every translation."""
-    from ..translate import Translator  # translate imports train, which imports this module
+    """Translations of the valid split's source side, in split order, by translate.Translator (the
+    model's own weights, fp32): the same cropping, length-sorted batching per chunk, search and
+    detokenization as `seqtool translate` on the detokenized source file. With `share`, each
+    process translates every world_size-th chunk (each exactly as translate would) and all get
+    every translation."""
+    from .. import pipeline
+    from ..translate import Translator
 
     model = getattr(model, "module", model)  # DistributedDataParallel
     model = getattr(model, "_orig_mod", model)  # torch.compile
     was_training = model.training
     model.eval()
     try:
-        translator = Translator(model, tokenizer, config, device)
+        translator = Translator(model, tokenizer, DecodeConfig(precision="fp32"), device, options=options)
         chunks: dict[int, list[str]] = {}
-        n, size = len(dataset), config.chunk_lines
+        n, size = len(dataset), translator.config.chunk_lines
         starts = range(0, n, size)  # translate's chunks: sorting and batching happen per chunk
         for start in starts[share.rank::share.world_size] if share is not None else starts:
             ids = [dataset.src[i].tolist() for i in range(start, min(start + size, n))]
             lines = [tokenizer.decode(seq) for seq in ids]
-            chunks[start] = [t.texts[0].replace("\n", " ") if t.texts else "" for t in translator.translate_ids(start, lines, ids)]
+            segments = [pipeline.Segment(start + k, line, seq, origin=origin)
+                        for k, (line, seq, origin) in enumerate(zip(lines, ids, pipeline.lines(start, lines, "valid line")))]
+            chunks[start] = [t.texts[0].replace("\n", " ") if t.texts else "" for t in pipeline.run(translator, segments, options)]
     finally:
         model.train(was_training)
     if share is not None:
@@ -140,7 +144,7 @@ def evaluate(model, dataset: ParallelDataset, tokenizer: Tokenizer, model_config
     loss, nll = valid_loss(model, dataset, model_config, cfg.max_tokens, label_smoothing, device, autocast, share)
     result = ValidResult(loss, nll)
     if cfg.eval_bleu:
-        hyps = decode(model, tokenizer, dataset, decode_config(cfg), device, share)
+        hyps = decode(model, tokenizer, dataset, search_options(cfg), device, share)
         bleu, chrf = score_lines(hyps, [references(tokenizer, dataset)], ("bleu", "chrf"))
         result.bleu, result.chrf, result.hypotheses = bleu.score, chrf.score, hyps
     result.seconds = time.monotonic() - t0
