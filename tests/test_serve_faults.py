@@ -363,10 +363,20 @@ def test_port_0_logs_the_port_it_got(tiny_checkpoint):
 
 # 12. warnings name the request and the segment -----------------------------------------------------------------------
 def test_server_warnings_name_the_request_and_segment(tiny_checkpoint):
+    """Warnings name the request (an id and the client) and its segment; a glossary giving a source
+    term twice keeps the first, with a warning, as a glossary file does."""
+    from seqtool.translate import Translator
+
     s = Server(tiny_checkpoint)
     try:
         r = post(s, {"segments": ["a b", " ".join("abcdefgh" * 8)]})  # the second is past the model's 32 positions
         assert r.status_code == 200
+        twice = httpx.post(f"{s.url}/v1/translate", content='{"segments": ["a b c"], "glossary": {"b": "h g", "b": "c"}}',
+                           headers={"Content-Type": "application/json"}, timeout=60)
+        assert twice.status_code == 200
     finally:
         err = s.stop()
     assert re.search(r"warning: request [0-9a-f]{6} from 127\.0\.0\.1, segment 2: \d+ tokens, cropped to the model's 31", err), err
+    assert re.search(r"warning: request [0-9a-f]{6} from 127\.0\.0\.1: the key 'b' is given twice in one JSON object; the first is kept", err)
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_b=8)
+    assert twice.json()["translations"][0]["text"] == t.translate(["a b c"], constraints=[["h g"]])[0]

@@ -81,38 +81,49 @@ class Service:
         return self.translator
 
     # -- a request's way in -------------------------------------------------------------------------
-    async def body(self, request, model, form: bool = False):
-        """The request model from the body: read within the size limit, parsed in a worker thread."""
+    async def body(self, request, model, name: str, form: bool = False):
+        """The request model from the body: read within the size limit, parsed (in a worker thread
+        when it is large)."""
         raw = await read_body(request, self.body_limit)
         if raw is None:
             raise BadRequest(413, too_large(self.body_limit))
         kind = request.headers.get("content-type", "application/json") if form else "application/json"
         if kind.lower().startswith("multipart/form-data"):
-            return await asyncio.to_thread(parse, model, await multipart_fields(request.headers, raw))
+            return await asyncio.to_thread(parse, model, await multipart_fields(request.headers, raw), kind, name)
         if len(raw) <= INLINE_BYTES:  # microseconds: a thread hop would cost more than the parse
-            return parse(model, raw, kind)
-        return await asyncio.to_thread(parse, model, raw, kind)
+            return parse(model, raw, kind, name)
+        return await asyncio.to_thread(parse, model, raw, kind, name)
 
-    def admit_early(self, request) -> Optional[str]:
-        """admit() before the body is read, when nothing it needs is in the body (no --api-keys, or
-        the key in an Authorization header): a refused client costs no body. None: admit after it."""
-        if self.keys is None or bearer(request.headers.get("authorization")):
-            return self.admit(request, None)
-        return None
+    @staticmethod
+    def name(request) -> str:
+        """How the log names a request: an id of its own and the client's address."""
+        return f"request {secrets.token_hex(3)} from {request.client.host if request.client else 'unknown'}"
 
-    def admit(self, request, api_key: Optional[str]) -> str:
-        """403 without a valid key (with --api-keys), 429 past --req-limit; the request's name for the log."""
+    async def admitted(self, request, model, form: bool = False) -> tuple[Any, str]:
+        """The request's body and name, once its key and rate are admitted: before the body is read
+        when nothing admission needs is in it (no --api-keys, or the key in an Authorization
+        header), so a refused client costs no body; else after."""
+        name = self.name(request)
+        early = self.keys is None or bearer(request.headers.get("authorization")) is not None
+        if early:
+            self.admit(request, None)
+        body = await self.body(request, model, name, form)
+        if not early:
+            self.admit(request, body.api_key)
+        return body, name
+
+    def admit(self, request, api_key: Optional[str]) -> None:
+        """403 without a valid key (with --api-keys), 429 past --req-limit."""
         key = bearer(request.headers.get("authorization")) or api_key
         if self.keys is not None and not self.keys.allows(key):
             raise BadRequest(403, "a valid API key is needed: give api_key in the body or an Authorization: Bearer header")
-        address = request.client.host if request.client else "unknown"
         if self.rate is not None:
-            who = f"key {hashlib.sha256(key.encode()).hexdigest()[:12]}" if self.keys is not None and key else address
+            who = f"key {hashlib.sha256(key.encode()).hexdigest()[:12]}" if self.keys is not None and key else \
+                (request.client.host if request.client else "unknown")
             wait = self.rate.admit(who)
             if wait is not None:
                 raise BadRequest(429, f"more than {self.config.req_limit} requests in a minute (--req-limit); retry in {wait} s",
                                  {"Retry-After": str(wait)})
-        return f"request {secrets.token_hex(3)} from {address}"
 
     async def translate(self, request, segments: list, count: int, options: SearchOptions, name: str) -> list:
         """Queue, wait (for the runner, the timeout or the client going away), answer: results per segment."""
@@ -141,9 +152,7 @@ class Service:
     # -- the endpoints ------------------------------------------------------------------------------
     async def libre(self, request) -> dict:
         """POST /translate, LibreTranslate's shapes."""
-        name = self.admit_early(request)
-        body: LibreRequest = await self.body(request, LibreRequest, form=True)
-        name = name or self.admit(request, body.api_key)
+        body, name = await self.admitted(request, LibreRequest, form=True)
         t = self.ready()
         if body.format not in ("text",):
             raise BadRequest(400, f"format {body.format!r}: this server translates plain text (format \"text\")")
@@ -164,9 +173,7 @@ class Service:
 
     async def native(self, request) -> dict:
         """POST /v1/translate: segments with per-request search options, scores, n-best, alignments."""
-        name = self.admit_early(request)
-        body: TranslateIn = await self.body(request, TranslateIn)
-        name = name or self.admit(request, body.api_key)
+        body, name = await self.admitted(request, TranslateIn)
         t = self.ready()
         prepare.check_size(self.config, body.segments, body.target_prefix, body.constraints, body.glossary)
         if body.alignment and not self.config.alignments:

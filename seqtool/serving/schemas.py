@@ -15,6 +15,7 @@ from urllib.parse import parse_qs
 
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+from .. import log
 from ..config import Sampling, SearchOptions, field_info
 from ..errors import FieldError
 
@@ -98,10 +99,24 @@ async def multipart_fields(headers, body: bytes) -> dict[str, Any]:
     return fields
 
 
-def parse(model: type[BaseModel], body: Union[bytes, dict], content_type: str = "application/json") -> BaseModel:
+def _first_of_each(pairs: list[tuple[str, Any]], name: str) -> dict[str, Any]:
+    """A JSON object whose keys repeat (a glossary giving a source term twice): the first of each is
+    kept, with a warning naming the request, as a glossary file's duplicates are."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            log.warn(f"{name}: the key {key!r} is given twice in one JSON object; the first is kept")
+            continue
+        out[key] = value
+    return out
+
+
+def parse(model: type[BaseModel], body: Union[bytes, dict], content_type: str = "application/json",
+          name: str = "a request") -> BaseModel:
     """The request model from a body: JSON, application/x-www-form-urlencoded (a repeated field is
-    a list), or fields already read (multipart_fields). BadRequest (422) names the field at fault.
-    Runs off the event loop: a large body costs a worker thread, not every client's latency."""
+    a list), or fields already read (multipart_fields). BadRequest (422) names the field at fault;
+    name: the request's, for warnings. Runs off the event loop when the body is large: then it
+    costs a worker thread, not every client's latency."""
     kind = content_type.split(";")[0].strip().lower()
     if isinstance(body, dict):
         data: Any = body
@@ -113,7 +128,7 @@ def parse(model: type[BaseModel], body: Union[bytes, dict], content_type: str = 
         data = {k: v[0] if len(v) == 1 else v for k, v in form.items()}
     else:
         try:
-            data = json.loads(body)
+            data = json.loads(body, object_pairs_hook=lambda pairs: _first_of_each(pairs, name))
         except RecursionError:
             raise BadRequest(422, "body: not valid JSON (nested too deeply)") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as error:
