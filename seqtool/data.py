@@ -85,6 +85,16 @@ class ParallelDataset:
         return len(self.src)
 
 
+def length_profile(lengths: np.ndarray) -> dict[str, int]:
+    """What a split's line lengths (tokens) look like: the median, 90th, 99th percentile and the
+    longest. A checkpoint keeps its training source's, so translate knows which lines are longer
+    than anything the model learnt from (--split-sentences auto)."""
+    if len(lengths) == 0:
+        return {}
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99]).round().astype(int).tolist()
+    return {"p50": p50, "p90": p90, "p99": p99, "max": int(lengths.max()), "lines": int(len(lengths))}
+
+
 @dataclass
 class Batch:
     ids: np.ndarray  # (B,) dataset indices

@@ -119,8 +119,8 @@ def _read(paths: Sequence[Path], take) -> tuple[list, bytes, dict]:
     for i, path in enumerate(paths):
         ckpt = checkpoint.load(path)
         ours = checkpoint.tokenizer_bytes(ckpt)
-        if i == 0:
-            first, configs = ours, dict(ckpt.get("configs") or {})
+        if i == 0:  # (and the length profile of its training source, for --split-sentences auto)
+            first, configs = ours, {**dict(ckpt.get("configs") or {}), "source_lengths": dict(ckpt.get("source_lengths") or {})}
         elif ours != first:
             raise InputError(f"{path}: its tokenizer differs from {paths[0]}'s; the checkpoints of an ensemble must "
                              "share one tokenizer (train them on one DATA_DIR)")

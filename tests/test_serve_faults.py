@@ -271,6 +271,16 @@ def test_libretranslate_forms_are_read_as_its_json(server, offline):
     assert bad.status_code == 422 and bad.json()["error"].startswith("alternatives: Input should be a valid integer")
 
 
+def test_a_real_libretranslate_client_translates_through_the_server(server, offline):
+    """libretranslatepy, LibreTranslate's own Python client (it sends forms), unchanged."""
+    from libretranslatepy import LibreTranslateAPI
+
+    client = LibreTranslateAPI(server.url + "/")
+    assert client.translate(LINES[5], source="src", target="tgt") == offline[5][0]
+    assert client.translate(LINES[6], source="auto", target="tgt") == offline[6][0]
+    assert [lang["code"] for lang in client.languages()] == ["src", "tgt"]
+
+
 def test_models_say_what_the_model_is_never_where_its_files_are(server, tiny_checkpoint):
     text = httpx.get(f"{server.url}/v1/models").text
     assert str(tiny_checkpoint.parent) not in text and ".pt" not in text and "checkpoints" not in text

@@ -24,7 +24,7 @@ import torch
 from .. import allocator, checkpoint, kernels, log
 from . import distributed, finetune, schedule, update, validate
 from ..config import RunPaths
-from ..data import collate
+from ..data import collate, length_profile
 from ..device import pick_device, resolve_precision, sdpa_without_cudnn
 from .ema import EMA
 from ..interrupts import Interrupts
@@ -90,6 +90,7 @@ class Trainer:
                         "schedule": self.schedule.describe()}
         if source is not None:
             self.configs["finetune"] = source.describe()
+        self.source_lengths = length_profile(self.train_set.src.lengths)  # kept in every checkpoint (translate's --split-sentences auto)
         if precision == "fp16" and self.device.type == "cpu":
             log.warn("fp16 on CPU is slow and only useful for testing; bf16 is the fast CPU format")
 
@@ -194,6 +195,7 @@ class Trainer:
         train_state = checkpoint.pack_train_state(self.optimizer, self.scaler, st, rngs, self.dist.world_size, self.ema, self.device)
         valid = None if result is None else {"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf}
         ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, weights, train_state=train_state,
+                                source_lengths=self.source_lengths,
                                 valid_loss=None if result is None else result.loss, updates=st.updates,
                                 progress=st.state_dict(), valid=valid)
         best = result is not None and (improved or self.valid_set is None or not self.paths.best.exists())
@@ -343,7 +345,7 @@ class Trainer:
             better = stopping.beats_best(result)
             if better and self.dist.is_main:
                 ckpt = checkpoint.build(self.configs, self.tokenizer.model_bytes, checkpoint.model_state(self.model),
-                                        valid_loss=result.loss, updates=st.updates, progress=st.state_dict(), averaged=True,
+                                        source_lengths=self.source_lengths, valid_loss=result.loss, updates=st.updates, progress=st.state_dict(), averaged=True,
                                         valid={"loss": result.loss, "nll": result.nll, "bleu": result.bleu, "chrf": result.chrf})
                 with self.interrupts.held():
                     checkpoint.save(ckpt, self.paths.best)
