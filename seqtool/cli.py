@@ -228,6 +228,8 @@ def translate(
     constraints: Annotated[Optional[Path], _option(TranslateConfig, "constraints")] = None,
     glossary: Annotated[Optional[Path], _option(TranslateConfig, "glossary")] = None,
     glossary_ignore_case: Annotated[bool, _option(TranslateConfig, "glossary_ignore_case")] = _default(TranslateConfig, "glossary_ignore_case"),
+    split_sentences: Annotated[str, _option(TranslateConfig, "split_sentences")] = _default(TranslateConfig, "split_sentences"),
+    format: Annotated[str, _option(TranslateConfig, "format")] = _default(TranslateConfig, "format"),
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
     from .translate import settings, translate_file
@@ -241,7 +243,7 @@ def translate(
     io = TranslateConfig(print_scores=print_scores, print_alignment=print_alignment, errors=errors, score_reference=score_reference,
                          **{k: str(v) if v is not None else "" for k, v in (("target", target), ("target_prefix", target_prefix),
                                                                             ("constraints", constraints), ("glossary", glossary))},
-                         glossary_ignore_case=glossary_ignore_case)
+                         glossary_ignore_case=glossary_ignore_case, split_sentences=split_sentences, format=format)
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is None:

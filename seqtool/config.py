@@ -306,11 +306,16 @@ class SearchOptions(_Validated):
     min_len: int = setting(1, ge=0, le=1_000_000)
     max_len: int = setting(0, "The longest output in tokens, whatever max_len_a and max_len_b say (0: only the model's positions).", ge=0, le=1_000_000)
     sampling: Sampling | None = None  # sample nbest translations instead of searching (beam unused)
+    no_repeat_ngram_size: int = setting(0, "No n-gram of this many tokens appears twice in an output (a target prefix counts); 0 = off.",
+                                        ge=0, le=1_000_000)
+    loop_guard: int = setting(4, "No phrase of 1 to 8 tokens appears this many times in a row in an output, unless its source has "
+                                 "such a run (constraints may still ask for one); 0 = off.", ge=0, le=64)
 
     def validate(self):
         if self.sampling is None:
             self._check(self.nbest <= self.beam, f"`nbest` must be between 1 and `beam` ({self.beam}), got {self.nbest}")
         self._check(self.max_len_b >= 1 or self.max_len_a > 0, "`max_len_a`/`max_len_b` allow no output token")
+        self._check(self.loop_guard != 1, "`loop_guard` counts copies of a phrase in a row: 0 (off) or at least 2, got 1")
 
 
 @dataclass(frozen=True)
@@ -355,9 +360,25 @@ class TranslateConfig(_Validated):
     constraints: str = setting("", 'One JSON list per input line of phrases its translation must contain; a list inside is "one of these forms" (an empty line: none).')
     glossary: str = setting("", "TSV: source term<TAB>target term[<TAB>other forms]; a source term found in a line (whole words) makes its target a constraint.")
     glossary_ignore_case: bool = setting(False, "Find --glossary source terms whatever their case.")
+    split_sentences: str = setting("auto", "auto: a line holding several sentences that is longer than the model's training "
+                                           "lines is translated sentence by sentence and joined back with its own whitespace; "
+                                           "always: every line so; never: lines whole.")
+    format: str = setting("text", "text: one segment per line; html or markdown: the input is one document, the output one "
+                                  "document (markup kept, text translated).")
 
     def validate(self):
         self._check(self.errors in ("strict", "replace"), f"`errors` must be strict or replace, got {self.errors!r}")
+        self._check(self.split_sentences in ("auto", "always", "never"),
+                    f"`split_sentences` must be auto, always or never, got {self.split_sentences!r}")
+        self._check(self.format in ("text", "html", "markdown"), f"`format` must be text, html or markdown, got {self.format!r}")
+        self._check(self.format == "text" or not (self.target_prefix or self.constraints or self.score_reference or self.print_scores
+                                                  or self.print_alignment),
+                    f"`format` {self.format} translates a document; `target_prefix`, `constraints`, `score_reference`, "
+                    "`print_scores` and `print_alignment` are per line (format text)")
+        self._check(self.split_sentences != "always" or not (self.target_prefix or self.constraints or self.score_reference
+                                                             or self.print_alignment),
+                    "`split_sentences` always cuts lines into sentences; `target_prefix`, `constraints`, `score_reference` and "
+                    "`print_alignment` are per line: use `split_sentences` auto or never")
         self._check(self.score_reference == bool(self.target),
                     "`score_reference` needs `target` FILE (one reference per input line)" if self.score_reference
                     else "`target` FILE gives the references of `score_reference`; add `score_reference`")
@@ -370,6 +391,8 @@ class TranslateConfig(_Validated):
         """The rules across this and the run's search options."""
         self._check(not ((self.constraints or self.glossary) and options.sampling is not None),
                     "`constraints` and `glossary` are kept by beam search; drop `sampling`")
+        self._check(self.split_sentences != "always" or options.nbest == 1,
+                    "`split_sentences` always joins each sentence's best translation; drop `nbest` (or split never/auto)")
         if self.score_reference:
             self._check(options.sampling is None, "`score_reference` scores the given references; drop `sampling`")
             self._check(options.nbest == 1, "`score_reference` prints one line per input line; drop `nbest`")

@@ -20,7 +20,7 @@ end); documents go through documents.py's units, each unit's sentences becoming 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -29,6 +29,7 @@ import torch
 from . import log
 from .config import SearchOptions
 from .data import make_batches
+from .markup import Span, Unit
 from .search import Hypothesis
 
 NO_LIMIT = 2 ** 62  # make_batches' token budget when only --batch-size limits a batch
@@ -116,6 +117,160 @@ def run(translator, segments: Sequence[Segment], options: SearchOptions,
             log.warn(f"{s.origin.label}: the translation lacks a constraint (it does not fit in the output length limit)")
     texts = iter(translator.tokenizer.decode_batch([x.tokens for h in hyps for x in h]))  # one call for all
     return [Translation(s.key, s.text, h, [next(texts) for _ in h], a, s.origin) for s, h, a in zip(segments, hyps, alignments)]
+
+
+# --- lines cut into sentences and joined back ------------------------------------------------------
+FALLBACK_LONGEST = 100  # tokens: a checkpoint without a length profile (older than it) splits lines past this
+
+
+def split_limit(translator) -> int:
+    """Lines longer than this many tokens are cut into sentences by --split-sentences auto: the 99th
+    percentile of the training source's lengths (kept in the checkpoint), else FALLBACK_LONGEST."""
+    profile = translator.configs.get("source_lengths") or {}
+    return int(profile.get("p99") or min(FALLBACK_LONGEST, translator.max_src))
+
+
+@dataclass
+class Joint:
+    """How one unit (a line, or a block of a document) goes back together from its segments: the
+    unit (its text and its markup or placeholders as spans), its pieces (split_sentences': each
+    sentence and the whitespace after it) and, per piece, the index of its segment (None for an
+    empty sentence)."""
+    unit: Unit
+    pieces: list[tuple[str, str]]
+    segments: list[Optional[int]]
+
+
+def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], mode: str, lang: str = "",
+                  prefixes: Optional[Sequence[str]] = None, constraints: Optional[Sequence[list]] = None,
+                  blocks: bool = False) -> tuple[list[Segment], list[Joint]]:
+    """The segments of units (lines or document blocks), each unit whole or, by `mode` (auto, always,
+    never), cut into its sentences (documents.split_sentences): auto cuts a unit only when it is
+    longer than the model's training lines (split_limit) and holds several sentences, so a line like
+    the training data goes through exactly as whole. A unit's sentences are keyed apart from every
+    whole unit (-(line * 2^16 + k + 1)), so sampling never draws a whole line's numbers for a
+    sentence. Prefixes and constraints belong to whole units: with them, units stay whole. blocks:
+    the units are a document's (the whitespace around an uncut one stays out of the model's sight)."""
+    from . import documents
+
+    if mode != "never" and not (prefixes is not None or constraints is not None) and not documents.splitter_available():
+        if mode == "always":
+            documents.split_sentences("x", lang)  # raises the one line saying what to install
+        _once("--split-sentences auto: no sentence splitter installed (pip install 'seqtool[documents]'); lines are translated whole")
+        mode = "never"
+    if prefixes is not None or constraints is not None:
+        mode = "never"
+    limit = split_limit(translator)
+    lengths = [len(ids) for ids in translator.tokenizer.encode_batch([u.text for u in units])] if mode == "auto" else []
+    texts: list[str] = []
+    keys: list[int] = []
+    where: list[Origin] = []
+    chosen_prefixes: list[str] = []
+    chosen_constraints: list = []
+    joints: list[Joint] = []
+    for k, (unit, origin) in enumerate(zip(units, origins)):
+        cut = mode == "always" or (mode == "auto" and lengths[k] > limit and documents.looks_like_several_sentences(unit.text, lang))
+        # a line goes whole as it is; a document's block without the whitespace around it (kept in place)
+        pieces = documents.split_sentences(unit.text, lang, "always" if cut else "never") if cut or blocks else [(unit.text, "")]
+        whole = len(pieces) == 1 and not pieces[0][1]
+        slots: list[Optional[int]] = []
+        for j, (sentence, _) in enumerate(pieces):
+            if not sentence and not whole:
+                slots.append(None)
+                continue
+            slots.append(len(texts))
+            texts.append(sentence)
+            keys.append(origin.line if whole else -(origin.line * 2 ** 16 + j + 1))
+            where.append(origin if whole else Origin(origin.line, origin.block, j, f"{origin.label}, sentence {j + 1}"))
+            if prefixes is not None:
+                chosen_prefixes.append(prefixes[k])
+            if constraints is not None:
+                chosen_constraints.append(constraints[k])
+        joints.append(Joint(unit, pieces, slots))
+    segments = encode(translator, texts, where, chosen_prefixes if prefixes is not None else None,
+                      chosen_constraints if constraints is not None else None, keys)
+    return segments, joints
+
+
+def assemble(translator, segments: Sequence[Segment], translations: Sequence[Translation],
+             joints: Sequence[Joint]) -> list[tuple[str, list[Span]]]:
+    """Each unit's translation and its spans placed on it: its sentences' best translations joined
+    with the unit's own whitespace; a unit with markup or placeholders gets them where the model's
+    alignments put the words they wrapped (markup.place_spans; the alignments of the best
+    hypotheses come from one forced pass per batch, for those units only)."""
+    from .documents import Aligned, join_aligned, place_spans
+    from .markup import space_voids
+
+    need = sorted({i for j in joints if j.unit.spans for i in j.segments if i is not None and translations[i].hypotheses})
+    found = dict(zip(need, align(translator, [segments[i] for i in need], [translations[i].hypotheses[0].tokens for i in need])))
+    out = []
+    for j in joints:
+        best = [translations[i].texts[0] if i is not None and translations[i].texts else "" for i in j.segments]
+        if not j.unit.spans:
+            out.append(("".join(t + ws for t, (_, ws) in zip(best, j.pieces)), []))
+            continue
+        parts: list[Optional[Aligned]] = []
+        for i, (sentence, _) in zip(j.segments, j.pieces):
+            if i is None or not translations[i].hypotheses:
+                parts.append(None if i is None else Aligned(""))
+                continue
+            target, target_tokens = translator.tokenizer.decode_with_offsets(translations[i].hypotheses[0].tokens)
+            source_tokens = translator.tokenizer.encode_with_offsets(sentence)[1][: len(segments[i].ids)]
+            parts.append(Aligned(target, found.get(i, []), source_tokens, target_tokens))
+        whole = join_aligned(j.pieces, parts)
+        placed = place_spans(j.unit, whole.target, whole.alignment, whole.source_tokens, whole.target_tokens)
+        low, high = len(whole.target) - len(whole.target.lstrip()), len(whole.target.rstrip())
+        inside = [replace(span, start=min(max(span.start, low), high), end=min(max(span.end, low), high)) for span in placed]
+        out.append(space_voids(j.unit, whole.target, inside))  # (markup stays off the block's outer whitespace)
+    return out
+
+
+def align(translator, segments: Sequence[Segment], targets: Sequence[list[int]]) -> list[list[tuple[int, int]]]:
+    """(source token, target token) pairs of each segment's given target, from the model's
+    encoder-decoder attention (alignment.py), batched as `run` batches."""
+    from .alignment import align_hypotheses
+
+    out: list[list[tuple[int, int]]] = [[] for _ in segments]
+    for batch in pack(translator.config, [len(s.ids[: translator.max_src]) + 1 for s in segments]):
+        src = translator.source_tensor([segments[k].ids[: translator.max_src] for k in batch])
+        with torch.inference_mode():
+            found = align_hypotheses(translator.aligner, src, [[Hypothesis(targets[k], 0.0)] for k in batch],
+                                     translator.config.alignment_layer)
+        for k, pairs in zip(batch, found):
+            out[k] = pairs[0]
+    return out
+
+
+def lines_translated(translator, lines_in: Sequence[str], segments: Sequence[Segment], translations: Sequence[Translation],
+                     joints: Sequence[Joint], origins: Sequence[Origin]) -> list[Translation]:
+    """One Translation per line (units of format text): a whole line without placeholders passes
+    through as its segment's (n-best, alignments and all); any other is its assembled text (the
+    sentences joined, the placeholders back) with the length-weighted mean score of its sentences."""
+    from .documents import render_unit
+
+    texts = assemble(translator, segments, translations, [j for j in joints])
+    out = []
+    for line, joint, origin, (target, spans) in zip(lines_in, joints, origins, texts):
+        mine = [translations[i] for i in joint.segments if i is not None]
+        if len(joint.pieces) == 1 and not joint.pieces[0][1] and not joint.unit.spans:
+            out.append(mine[0])
+            continue
+        best = [t.hypotheses[0] for t in mine if t.hypotheses]
+        weight = sum(len(h.tokens) + 1 for h in best)
+        score = sum(h.score * (len(h.tokens) + 1) for h in best) / weight if weight else 0.0
+        text = render_unit(target, spans)
+        hyps = [Hypothesis([tok for h in best for tok in h.tokens], score)] if best else []
+        out.append(Translation(origin.line, line, hyps, [text] if hyps or text.strip() else [], None, origin))
+    return out
+
+
+_said: set = set()
+
+
+def _once(message: str) -> None:
+    if message not in _said:
+        _said.add(message)
+        log.info(message)
 
 
 def pack(config, lengths: Sequence[int]) -> list[list[int]]:

@@ -21,6 +21,7 @@ from .interrupts import die_with_parent
 from .textio import read_lines
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+_SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: sentencepiece cannot read them
 
 
 class Tokenizer:
@@ -74,6 +75,43 @@ class Tokenizer:
         if not seqs:
             return []
         return self.sp.decode([[i for i in ids if i > EOS_ID or i == UNK_ID] for ids in seqs])
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """encode(text), and the [start, end) character range in `text` of each piece: sentencepiece's
+        own spans (a piece starting with '▁' covers the whitespace before its word; a character
+        split into byte pieces is covered by its last byte piece, the others get an empty range).
+        A lone surrogate is read as U+FFFD, as encode_batch does, so offsets still count `text`'s characters."""
+        text = _SURROGATE.sub("\ufffd", text)
+        try:
+            mapping = self.sp.encode(text, return_type="offset_mapping")  # sentencepiece >= 0.2.3
+        except TypeError:  # older: no return_type, an immutable proto with character offsets
+            proto = self.sp.encode(text, out_type="immutable_proto")
+            return [p.id for p in proto.pieces], [(p.begin, p.end) for p in proto.pieces]
+        return list(mapping["ids"]), [(a, b) for a, b in mapping["offsets"]]
+
+    def decode_with_offsets(self, ids: Iterable[int]) -> tuple[str, list[tuple[int, int]]]:
+        """decode(ids), and the [start, end) character range in that text of each id, one per id given:
+        a '▁' piece's range covers its space; pad, bos and eos write nothing and get an empty range
+        where they stand; a character written by byte pieces belongs to its last byte piece."""
+        ids = [int(i) for i in ids]
+        kept = [k for k, i in enumerate(ids) if i > EOS_ID or i == UNK_ID]
+        if not kept:
+            return "", [(0, 0)] * len(ids)
+        try:
+            mapping = self.sp.decode([ids[k] for k in kept], return_type="offset_mapping")
+            text, offsets = mapping["text"], [(a, b) for a, b in mapping["offsets"]]
+        except TypeError:
+            proto = self.sp.decode([ids[k] for k in kept], out_type="immutable_proto")
+            text, offsets = proto.text, [(p.begin, p.end) for p in proto.pieces]
+        ranges, at, position = [], 0, 0
+        for k in range(len(ids)):
+            if at < len(kept) and kept[at] == k:
+                ranges.append(offsets[at])
+                position = offsets[at][1]
+                at += 1
+            else:
+                ranges.append((position, position))
+        return text, ranges
 
 
 def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerConfig) -> Path:

@@ -26,7 +26,7 @@ from .errors import ConfigError, InputError
 from .config import DecodeConfig, Sampling, SearchOptions, TranslateConfig
 from .model import padded
 from .constraints import WordPieces
-from .pipeline import Translation
+from .pipeline import Origin, Translation
 from .search import Hypothesis, search
 from .linereader import LineReader
 from .textio import LockstepLines, open_binary, open_stdin, strip_line_end
@@ -85,6 +85,11 @@ class Translator:
         if config.alignments:
             resolve_layer(config.alignment_layer, self.aligner.config.decoder_layers, "--alignment-layer")  # fail before reading input
         self._word_pieces: Optional[WordPieces] = None
+
+    @property
+    def source_lang(self) -> str:
+        """The source language the model was trained on ("" when its checkpoint does not say)."""
+        return (self.configs.get("train") or {}).get("src_lang") or ""
 
     @property
     def word_pieces(self) -> WordPieces:
@@ -169,6 +174,35 @@ class Translator:
         or a list of alternative phrases) that its translation must contain."""
         segments = pipeline.encode(self, lines, pipeline.lines(start, lines, "input line"), prefixes, constraints)
         return pipeline.run(self, segments, options or self.options)
+
+    def translate_lines(self, start: int, lines: list[str], options: Optional[SearchOptions] = None, split: str = "auto",
+                        prefixes: Optional[list[str]] = None, constraints: Optional[list[list]] = None) -> list[Translation]:
+        """translate_chunk as `seqtool translate` does it: URLs and e-mail addresses in a line are
+        kept out of the model's sight and put back where its alignments say, and a line is cut into
+        sentences by `split` (auto, always, never: pipeline.unit_segments); "as-is": neither (each
+        line's n-best and alignments are then its own)."""
+        if split == "as-is" or prefixes is not None or constraints is not None:
+            return self.translate_chunk(start, lines, options, prefixes, constraints)
+        from .documents import protect
+
+        origins = pipeline.lines(start, lines, "input line")
+        segments, joints = pipeline.unit_segments(self, [protect(line) for line in lines], origins, split, self.source_lang)
+        translations = pipeline.run(self, segments, options or self.options)
+        return pipeline.lines_translated(self, lines, segments, translations, joints, origins)
+
+    def translate_document(self, doc: str, format: str = "html", options: Optional[SearchOptions] = None,
+                           split: str = "auto") -> str:
+        """A whole document (format "text", "html" or "markdown": documents.parse) translated: its text
+        units (paragraphs, headings, list items, cells, ...) cut into sentences by `split`, all
+        searched together, their inline markup and placeholders put back on the translated words by
+        the model's alignments; every other byte of the document kept."""
+        from .documents import parse
+
+        document = parse(doc, format)
+        origins = [Origin(0, k, 0, f"{format} block {k + 1}") for k in range(len(document.units))]
+        segments, joints = pipeline.unit_segments(self, document.units, origins, split, self.source_lang, blocks=True)
+        translations = pipeline.run(self, segments, options or self.options)
+        return document.render(pipeline.assemble(self, segments, translations, joints))
 
     def constraint_ids(self, items: list) -> list[list[list[int]]]:
         """A line's constraint items as groups of alternative token sequences. Each phrase gives the
@@ -354,11 +388,19 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
     with Translator.load(checkpoint_path, config, options) as translator:  # (stops --workers processes at the end)
         output = output or sys.stdout
         reader = LineReader(stream, name, errors=io.errors)
+        if io.format != "text":  # one document in, one out
+            doc = "".join(line + "\n" for chunk in reader.chunks(config.chunk_lines) for line in chunk)
+            output.write(translator.translate_document(doc, io.format, options, io.split_sentences))
+            output.flush()
+            return doc.count("\n")
         if io.score_reference:
             from .reference_score import score_stream
 
             return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(io.target), output, io.errors)
         count = 0
+        # lines whole, as they are, where a line's output is more than its best translation (n-best, alignments)
+        mode = "never" if io.split_sentences == "auto" and (options.nbest > 1 or io.print_alignment) else io.split_sentences
+        mode = "as-is" if mode == "never" and (options.nbest > 1 or io.print_alignment) else mode
         prefixes = LockstepLines(Path(io.target_prefix), name, "--target-prefix", "one line per input line (an empty line: no prefix)", io.errors) if io.target_prefix else None
         wanted = LockstepLines(Path(io.constraints), name, "--constraints", "one JSON list per input line (an empty line: none)", io.errors) if io.constraints else None
         for chunk in reader.chunks(config.chunk_lines):
@@ -369,8 +411,8 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
                 given = wanted.take(count, len(chunk)) if wanted else [""] * len(chunk)
                 constraints = [parse_constraints_line(c, f"{io.constraints}:{count + k + 1}") + (glossary.match(line) if glossary else [])
                                for k, (c, line) in enumerate(zip(given, chunk))]
-            for t in translator.translate_chunk(count, chunk, prefixes=prefixes.take(count, len(chunk)) if prefixes else None,
-                                                constraints=constraints):
+            for t in translator.translate_lines(count, chunk, options, mode, prefixes.take(count, len(chunk)) if prefixes else None,
+                                                constraints):
                 output.write(format_translation(t, io, options.nbest))
             output.flush()
             count += len(chunk)
