@@ -53,6 +53,7 @@ class Segment:
     prefix: list[int] = field(default_factory=list)  # the translation starts with these target ids
     constraints: list = field(default_factory=list)  # groups of alternative token sequences it must contain
     origin: Origin = Origin()
+    align: bool = False  # its best translation's alignment is wanted (markup or placeholders to place)
 
 
 @dataclass
@@ -112,6 +113,9 @@ def run(translator, segments: Sequence[Segment], options: SearchOptions,
             hyps[k] = found[i]
             if aligned is not None:
                 alignments[k] = aligned[i]
+    wanted = [k for k, s in enumerate(segments) if s.align and hyps[k] and alignments[k] is None]
+    for k, pairs in zip(wanted, align(translator, [segments[k] for k in wanted], [hyps[k][0].tokens for k in wanted])):
+        alignments[k] = [pairs]  # (the best hypothesis's only)
     for s, h in zip(segments, hyps):
         if s.constraints and h and not satisfied(h[0].tokens, s.constraints):
             log.warn(f"{s.origin.label}: the translation lacks a constraint (it does not fit in the output length limit)")
@@ -147,8 +151,8 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
     """The segments of units (lines or document blocks), each unit whole or, by `mode` (auto, always,
     never), cut into its sentences (documents.split_sentences): auto cuts a unit only when it is
     longer than the model's training lines (split_limit) and holds several sentences, so a line like
-    the training data goes through exactly as whole. A unit's sentences are keyed apart from every
-    whole unit (-(line * 2^16 + k + 1)), so sampling never draws a whole line's numbers for a
+    the training data goes through exactly as whole. A unit's sentences (and a document's blocks) are keyed apart from every
+    whole line (negative keys from line, block and sentence), so sampling never draws a whole line's numbers for a
     sentence. Prefixes and constraints belong to whole units: with them, units stay whole. blocks:
     the units are a document's (the whitespace around an uncut one stays out of the model's sight)."""
     from . import documents
@@ -180,7 +184,7 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
                 continue
             slots.append(len(texts))
             texts.append(sentence)
-            keys.append(origin.line if whole else -(origin.line * 2 ** 16 + j + 1))
+            keys.append(origin.line if whole and not blocks else -(((origin.line << 20) + origin.block << 12) + j + 1))
             where.append(origin if whole else Origin(origin.line, origin.block, j, f"{origin.label}, sentence {j + 1}"))
             if prefixes is not None:
                 chosen_prefixes.append(prefixes[k])
@@ -189,6 +193,10 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
         joints.append(Joint(unit, pieces, slots))
     segments = encode(translator, texts, where, chosen_prefixes if prefixes is not None else None,
                       chosen_constraints if constraints is not None else None, keys)
+    for j in joints:
+        for i in j.segments:
+            if i is not None:
+                segments[i].align = bool(j.unit.spans)
     return segments, joints
 
 
@@ -196,13 +204,11 @@ def assemble(translator, segments: Sequence[Segment], translations: Sequence[Tra
              joints: Sequence[Joint]) -> list[tuple[str, list[Span]]]:
     """Each unit's translation and its spans placed on it: its sentences' best translations joined
     with the unit's own whitespace; a unit with markup or placeholders gets them where the model's
-    alignments put the words they wrapped (markup.place_spans; the alignments of the best
-    hypotheses come from one forced pass per batch, for those units only)."""
+    alignments put the words they wrapped (markup.place_spans; `run` aligned the best hypotheses of
+    those units' segments: Segment.align)."""
     from .documents import Aligned, join_aligned, place_spans
     from .markup import space_voids
 
-    need = sorted({i for j in joints if j.unit.spans for i in j.segments if i is not None and translations[i].hypotheses})
-    found = dict(zip(need, align(translator, [segments[i] for i in need], [translations[i].hypotheses[0].tokens for i in need])))
     out = []
     for j in joints:
         best = [translations[i].texts[0] if i is not None and translations[i].texts else "" for i in j.segments]
@@ -216,7 +222,8 @@ def assemble(translator, segments: Sequence[Segment], translations: Sequence[Tra
                 continue
             target, target_tokens = translator.tokenizer.decode_with_offsets(translations[i].hypotheses[0].tokens)
             source_tokens = translator.tokenizer.encode_with_offsets(sentence)[1][: len(segments[i].ids)]
-            parts.append(Aligned(target, found.get(i, []), source_tokens, target_tokens))
+            pairs = translations[i].alignments[0] if translations[i].alignments else []
+            parts.append(Aligned(target, pairs, source_tokens, target_tokens))
         whole = join_aligned(j.pieces, parts)
         placed = place_spans(j.unit, whole.target, whole.alignment, whole.source_tokens, whole.target_tokens)
         low, high = len(whole.target) - len(whole.target.lstrip()), len(whole.target.rstrip())

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .. import log, pipeline
 from ..config import SearchOptions, ServeConfig
@@ -46,6 +46,7 @@ class _Queued:
     segment: Segment
     options: SearchOptions
     queued: float  # time.monotonic()
+    slot: int  # the result's place in its request
 
 
 NONE: frozenset = frozenset()
@@ -73,10 +74,10 @@ class Batcher:
         return len(self.pending)
 
     def submit(self, segments: Sequence[Segment], count: int, options: SearchOptions, loop: asyncio.AbstractEventLoop,
-               name: str = "") -> Request:
+               name: str = "", slots: Optional[Sequence[int]] = None) -> Request:
         """Queue one request of `count` segments, of which `segments` are the non-empty ones, each
-        knowing its place in the request (origin.line; the others are answered at once with an
-        empty translation). TooLarge when the request alone
+        knowing its place in the request (its slot, default origin.line; the others are answered at
+        once with an empty translation). TooLarge when the request alone
         exceeds the queue; ResourceError when the queue is too full for it now."""
         request = Request(loop, loop.create_future(), name, [([], [], None)] * count, len(segments))
         if not segments:
@@ -92,7 +93,8 @@ class Batcher:
             if len(self.pending) + len(segments) > self.config.queue_limit:
                 raise ResourceError(f"the queue is full ({len(self.pending)} segments waiting, --queue-limit "
                                     f"{self.config.queue_limit}); retry in a moment")
-            self.pending.extend(_Queued(request, s, options, now) for s in segments)
+            places = slots if slots is not None else [s.origin.line for s in segments]
+            self.pending.extend(_Queued(request, s, options, now, slot) for s, slot in zip(segments, places))
             self.cond.notify()
         return request
 
@@ -205,7 +207,7 @@ def _deliver(queued: _Queued, result: Any) -> None:
     if isinstance(result, Exception):
         request.done.set_exception(result)
         return
-    request.results[queued.segment.origin.line] = result
+    request.results[queued.slot] = result
     request.remaining -= 1
     if request.remaining == 0:
         request.done.set_result(request.results)

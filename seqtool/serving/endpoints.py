@@ -125,11 +125,12 @@ class Service:
                 raise BadRequest(429, f"more than {self.config.req_limit} requests in a minute (--req-limit); retry in {wait} s",
                                  {"Retry-After": str(wait)})
 
-    async def translate(self, request, segments: list, count: int, options: SearchOptions, name: str) -> list:
+    async def translate(self, request, segments: list, count: int, options: SearchOptions, name: str,
+                        slots: Optional[list[int]] = None) -> list:
         """Queue, wait (for the runner, the timeout or the client going away), answer: results per segment."""
         batcher = self.batcher
         try:
-            job = batcher.submit(segments, count, options, asyncio.get_running_loop(), name)
+            job = batcher.submit(segments, count, options, asyncio.get_running_loop(), name, slots)
         except TooLarge as e:
             raise BadRequest(413, str(e)) from None
         except ResourceError as e:
@@ -154,14 +155,20 @@ class Service:
         """POST /translate, LibreTranslate's shapes."""
         body, name = await self.admitted(request, LibreRequest, form=True)
         t = self.ready()
-        if body.format not in ("text",):
-            raise BadRequest(400, f"format {body.format!r}: this server translates plain text (format \"text\")")
+        if body.format not in ("text", "html"):
+            raise BadRequest(400, f"format {body.format!r}: this server translates format \"text\" or \"html\"")
         src, tgt = languages(t)
         if body.source not in ("auto", src) or (body.target is not None and body.target != tgt):
             raise BadRequest(400, f"this model translates {src} -> {tgt}; got source {body.source!r}, target {body.target!r}")
         texts = [body.q] if isinstance(body.q, str) else body.q
         prepare.check_size(self.config, texts)
         options = prepare.options(t.options, self.config, {"nbest": body.alternatives + 1}, request="libre")
+        if body.format == "html" or not body.alternatives:  # documents: lines, sentences, markup and placeholders kept
+            translated = await self.documents(request, texts, body.format, options, name)
+            out = {"translatedText": translated[0] if isinstance(body.q, str) else translated}
+            if body.alternatives:
+                out["alternatives"] = [] if isinstance(body.q, str) else [[] for _ in texts]
+            return out
         segments = await asyncio.to_thread(prepare.segments, t, name, texts)
         results = await self.translate(request, segments, len(texts), options, name)
         best = [r[1][0] if r[1] else "" for r in results]
@@ -170,6 +177,15 @@ class Service:
             alts = [list(r[1][1:]) for r in results]
             out["alternatives"] = alts[0] if isinstance(body.q, str) else alts
         return out
+
+    async def documents(self, request, texts: list[str], format: str, options: SearchOptions, name: str,
+                        split: str = "auto") -> list[str]:
+        """Texts translated as documents (prepare.documents), their segments queued as one request."""
+        t = self.translator
+        docs = await asyncio.to_thread(prepare.documents, t, name, texts, format, split)
+        queued = [k for k, s in enumerate(docs.segments) if s.ids]
+        results = await self.translate(request, [docs.segments[k] for k in queued], len(docs.segments), options, name, queued)
+        return await asyncio.to_thread(prepare.rendered, t, docs, results)
 
     async def native(self, request) -> dict:
         """POST /v1/translate: segments with per-request search options, scores, n-best, alignments."""
@@ -182,9 +198,16 @@ class Service:
             if given is not None and len(given) != len(body.segments):
                 raise BadRequest(422, f"{what}: {len(given)} {'prefixes' if what == 'target_prefix' else 'lists'} for "
                                       f"{len(body.segments)} segments; give one per segment")
+        if body.format != "text":
+            extras = [k for k in ("target_prefix", "constraints", "glossary") if getattr(body, k)] + \
+                [k for k in ("scores", "alignment") if getattr(body, k)] + (["nbest"] if (body.nbest or 1) > 1 else [])
+            if extras:
+                raise BadRequest(422, f"format {body.format}: a segment is a document; {', '.join(extras)} belong to format text")
         asked = {k: getattr(body, k) for k in ("beam", "lenpen", "nbest", "max_len_a", "max_len_b") if getattr(body, k) is not None}
         options = prepare.options(t.options, self.config, asked, body.sampling.model_dump() if body.sampling is not None else None,
                                   constrained=body.constraints is not None or bool(body.glossary))
+        if body.format != "text":
+            return {"translations": [{"text": text} for text in await self.documents(request, body.segments, body.format, options, name)]}
         segments = await asyncio.to_thread(prepare.segments, t, name, body.segments, body.target_prefix, body.constraints,
                                            body.glossary, self.config.max_constraints)
         results = await self.translate(request, segments, len(body.segments), options, name)

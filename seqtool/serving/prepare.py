@@ -14,6 +14,7 @@ Two steps, so that no request costs more than its limits allow and none can fail
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from .. import pipeline
@@ -96,3 +97,44 @@ def segments(translator, name: str, texts: Sequence[str], prefixes: Optional[Seq
                                       f"this server takes at most {max_constraints} per segment (--max-constraints)")
     origins = [Origin(line=k, label=f"{name}, segment {k + 1}") for k in range(len(texts))]
     return [s for s in pipeline.encode(translator, texts, origins, prefixes, items, keys=list(range(len(texts)))) if s.ids]
+
+
+@dataclass
+class Documents:
+    """A request's texts read as documents: each one's parsed form, its joints (pipeline.Joint) and
+    where its segments start in the request's list."""
+    parsed: list
+    joints: list[list]
+    starts: list[int]
+    segments: list[Segment]
+
+
+def documents(translator, name: str, texts: Sequence[str], format: str, split: str = "auto") -> Documents:
+    """The request's texts as documents (format text: lines kept, html, markdown; documents.parse),
+    their blocks cut into sentences as `translate --split-sentences` does, every segment keyed apart
+    (a worker thread runs this). Every segment of every text is queued as one request."""
+    from ..documents import parse
+
+    parsed, joints, starts, segments = [], [], [], []
+    for d, text in enumerate(texts):
+        doc = parse(text, format)
+        origins = [Origin(d, k, 0, f"{name}, text {d + 1}, block {k + 1}") for k in range(len(doc.units))]
+        mine, their_joints = pipeline.unit_segments(translator, doc.units, origins, split, translator.source_lang, blocks=True)
+        parsed.append(doc)
+        joints.append(their_joints)
+        starts.append(len(segments))
+        segments += mine
+    return Documents(parsed, joints, starts, segments)
+
+
+def rendered(translator, docs: Documents, results: Sequence[tuple]) -> list[str]:
+    """Each document written back with its blocks' translations (results: the batcher's, one per
+    segment of docs.segments) and their markup placed by the alignments."""
+    out = []
+    for d, doc in enumerate(docs.parsed):
+        end = docs.starts[d + 1] if d + 1 < len(docs.starts) else len(docs.segments)
+        mine = docs.segments[docs.starts[d]:end]
+        translations = [pipeline.Translation(s.key, s.text, r[0], r[1], r[2], s.origin)
+                        for s, r in zip(mine, results[docs.starts[d]:end])]
+        out.append(doc.render(pipeline.assemble(translator, mine, translations, docs.joints[d])))
+    return out

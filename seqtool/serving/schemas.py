@@ -56,6 +56,9 @@ class TranslateIn(create_model("_SearchFields", **{name: _from(SearchOptions, na
         None, description="One list per segment of phrases its translation must contain (a list inside: one of these forms)")
     glossary: Optional[dict[str, Union[str, list[str]]]] = Field(
         None, description="Source term -> target term (or forms): a term found in a segment (whole words) constrains its translation")
+    format: str = Field("text", pattern="^(text|html|markdown)$",
+                        description="text: each segment one line; html or markdown: each segment a document, translated "
+                                    "block by block and sentence by sentence, its markup kept")
     api_key: Optional[str] = Field(None, description="With --api-keys: the key (or send Authorization: Bearer KEY)")
 
 
