@@ -208,6 +208,8 @@ def translate(
     batch_size: Annotated[int, _option(DecodeConfig, "batch_size")] = _default(DecodeConfig, "batch_size"),
     max_len_a: Annotated[float, _option(SearchOptions, "max_len_a")] = _default(SearchOptions, "max_len_a"),
     max_len_b: Annotated[int, _option(SearchOptions, "max_len_b")] = _default(SearchOptions, "max_len_b"),
+    no_repeat_ngram_size: Annotated[int, _option(SearchOptions, "no_repeat_ngram_size")] = _default(SearchOptions, "no_repeat_ngram_size"),
+    loop_guard: Annotated[int, _option(SearchOptions, "loop_guard")] = _default(SearchOptions, "loop_guard"),
     print_scores: Annotated[bool, _option(TranslateConfig, "print_scores")] = _default(TranslateConfig, "print_scores"),
     errors: Annotated[str, _option(TranslateConfig, "errors")] = _default(TranslateConfig, "errors"),
     print_alignment: Annotated[bool, _option(TranslateConfig, "print_alignment")] = _default(TranslateConfig, "print_alignment"),
@@ -237,6 +239,7 @@ def translate(
     config, options = settings(max_tokens=max_tokens, batch_size=batch_size, alignment_layer=alignment_layer, device=device,
                                precision=precision, quantize=quantize, threads=threads, workers=workers, beam=beam,
                                lenpen=lenpen, nbest=nbest, max_len_a=max_len_a, max_len_b=max_len_b, sampling=sampling,
+                               no_repeat_ngram_size=no_repeat_ngram_size, loop_guard=loop_guard,
                                **({"topk": topk, "topp": topp, "temperature": temperature, "seed": seed} if sampling else
                                   {k: v for k, v in (("topk", topk), ("topp", topp), ("temperature", temperature))
                                    if v != _default(Sampling, k)}))
@@ -294,6 +297,8 @@ def serve(
     lenpen: Annotated[float, typer.Option("--lenpen", help="Default length penalty.")] = _default(SearchOptions, "lenpen"),
     max_len_a: Annotated[float, typer.Option("--max-len-a", help="Default max output length = a * source length + b.")] = _default(SearchOptions, "max_len_a"),
     max_len_b: Annotated[int, typer.Option("--max-len-b")] = _default(SearchOptions, "max_len_b"),
+    no_repeat_ngram_size: Annotated[int, _option(SearchOptions, "no_repeat_ngram_size")] = _default(SearchOptions, "no_repeat_ngram_size"),
+    loop_guard: Annotated[int, _option(SearchOptions, "loop_guard")] = _default(SearchOptions, "loop_guard"),
     batch_size: Annotated[int, _option(DecodeConfig, "batch_size")] = _default(DecodeConfig, "batch_size"),
     device: Annotated[str, _option(DecodeConfig, "device")] = _default(DecodeConfig, "device"),
     precision: Annotated[str, _option(DecodeConfig, "precision")] = _default(DecodeConfig, "precision"),
@@ -302,7 +307,8 @@ def serve(
 ):
     """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
     decode = DecodeConfig(batch_size=batch_size, device=device, precision=precision, quantize=quantize, threads=threads)
-    options = SearchOptions(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b)
+    options = SearchOptions(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b,
+                            no_repeat_ngram_size=no_repeat_ngram_size, loop_guard=loop_guard)
     config = ServeConfig(host=host, port=port, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                          queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
                          max_beam=max_beam, max_nbest=max_nbest, max_len=max_len, max_glossary=max_glossary,

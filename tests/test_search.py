@@ -281,3 +281,95 @@ def test_a_prefix_as_long_as_the_limit_ends_right_after_it(real_model):
         for beam in (1, 3):
             hyps = search(real_model, src, SearchOptions(beam=beam, max_len_b=3), prefix=prefix)[0]
             assert [h.tokens for h in hyps] == [[8, 9, 10, 11]]
+
+
+# ---- candidate choice behind an object (Candidates): the searches of before, bit for bit ----------
+def _random_search(model, seed):
+    """A random batch and beam search's arguments: beam, n-best, length penalty and limits, and
+    sometimes a prefix, constraints (with or without word pieces) or a sentence abandoned midway."""
+    import random
+
+    from seqtool.constraints import ConstraintState, WordPieces
+
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    V = model.config.vocab_size
+    n = rng.randint(1, 5)
+    src = torch.randint(4, V, (n, rng.randint(3, 9)), generator=g)
+    src[:, -1] = EOS
+    if n > 1:
+        src[1, 2:] = PAD
+        src[1, 1] = EOS
+    beam = rng.choice([1, 2, 3, 5, 8])
+    args = dict(beam=beam, nbest=rng.randint(1, beam), lenpen=rng.choice([0.0, 0.6, 1.0, 1.3]), max_len_b=rng.randint(2, 20),
+                max_len_a=rng.choice([0.0, 0.5]), min_len=rng.choice([0, 1, 3]), max_len=rng.choice([0, 0, 6]))
+    if rng.random() < 0.4:
+        args["prefix"] = torch.randint(4, V, (n, rng.randint(1, 3)), generator=g)
+    groups = None
+    if rng.random() < 0.6:  # per sentence up to 3 groups of 1-2 phrases of 1-2 tokens (a sentence may have none)
+        groups = [[[[rng.randrange(4, V) for _ in range(rng.randint(1, 2))] for _ in range(rng.randint(1, 2))]
+                   for _ in range(rng.randint(0, 3))] for _ in range(n)]
+        if "prefix" in args:  # and one the prefix places
+            groups = [gs + [[args["prefix"][b, :2].tolist()]] * (b % 2) for b, gs in enumerate(groups)]
+    pieces = None
+    if groups is not None and rng.random() < 0.5:  # most pieces go on a word: the best that ends one is often an extra
+        pieces = WordPieces(torch.rand(V, generator=g) < 0.8, torch.rand(V, generator=g) < 0.5)
+    quit_after = rng.choice([None, None, 3])  # sentence 0 abandoned at the 4th step
+
+    def fresh():  # what a search uses up: the constraints' state, the steps counted by `wanted`
+        calls = []
+
+        def wanted():
+            calls.append(1)
+            return None if len(calls) <= quit_after else torch.arange(n) != 0
+
+        state = None if groups is None else ConstraintState(groups, torch.device("cpu"), pieces, BOS)
+        return dict(args, constraints=state, wanted=None if quit_after is None else wanted)
+
+    return src, fresh
+
+
+class EndsEarly:
+    """A model whose EOS is about as likely as its best token less `bias` nats: outputs of many
+    lengths, hypotheses finishing (and meeting their constraints) at many steps. With `coarse`, its
+    logits rounded to multiples of it: equal scores everywhere."""
+
+    def __init__(self, model, bias, coarse=0.0):
+        self.model, self.bias, self.coarse, self.config = model, bias, coarse, model.config
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def new_cache(self, memory, src_pad, group=1):
+        return self.model.new_cache(memory, src_pad, group)
+
+    def decode(self, tokens, memory, src_pad, cache):
+        logits = self.model.decode(tokens, memory, src_pad, cache).float().clone()
+        logits[..., self.config.eos_id] = logits[..., 4:].amax(-1) - self.bias
+        return (logits / self.coarse).round() * self.coarse if self.coarse else logits
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_beam_search_equals_the_reference_from_before_candidates(real_model, tiny_model, seed):
+    """tests/beam_reference.py is beam_search as it was with its seven `constraints is None`
+    branches: on random batches, prefixes, constraints and abandoned sentences, today's search
+    gives the same tokens and scores (==, not approximately)."""
+    from beam_reference import beam_search as reference
+
+    for model in (real_model, tiny_model, EndsEarly(tiny_model, 3.0), EndsEarly(real_model, 2.0), EndsEarly(tiny_model, 2.0, 0.5)):
+        src, fresh = _random_search(model, seed)
+        got = beam_search(model, src, **fresh())
+        want = reference(model, src, **fresh())
+        assert [[(h.tokens, h.score) for h in hs] for hs in got] == [[(h.tokens, h.score) for h in hs] for hs in want]
+
+
+@pytest.mark.parametrize("constraints", [None, [[[[A, B]]]]])
+def test_a_beam_wider_than_the_vocabulary_equals_the_reference(constraints):
+    from beam_reference import beam_search as reference
+    from seqtool.constraints import ConstraintState
+
+    for beam in (6, 8):
+        args = dict(beam=beam, nbest=beam, lenpen=1.0, max_len_b=5)
+        got, want = (search_(ScriptedModel([TABLE], NO_EOS), _src(), constraints=None if constraints is None else
+                             ConstraintState(constraints, torch.device("cpu")), **args) for search_ in (beam_search, reference))
+        assert [(h.tokens, h.score) for h in got[0]] == [(h.tokens, h.score) for h in want[0]]

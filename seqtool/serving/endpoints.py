@@ -203,7 +203,7 @@ class Service:
                 [k for k in ("scores", "alignment") if getattr(body, k)] + (["nbest"] if (body.nbest or 1) > 1 else [])
             if extras:
                 raise BadRequest(422, f"format {body.format}: a segment is a document; {', '.join(extras)} belong to format text")
-        asked = {k: getattr(body, k) for k in ("beam", "lenpen", "nbest", "max_len_a", "max_len_b") if getattr(body, k) is not None}
+        asked = {k: getattr(body, k) for k in ("beam", "lenpen", "nbest", "max_len_a", "max_len_b", "no_repeat_ngram_size", "loop_guard") if getattr(body, k) is not None}
         options = prepare.options(t.options, self.config, asked, body.sampling.model_dump() if body.sampling is not None else None,
                                   constrained=body.constraints is not None or bool(body.glossary))
         if body.format != "text":

@@ -45,7 +45,7 @@ SamplingIn = create_model("SamplingIn", __doc__="Sample nbest translations inste
 
 
 class TranslateIn(create_model("_SearchFields", **{name: _from(SearchOptions, name) for name in
-                                                   ("beam", "lenpen", "nbest", "max_len_a", "max_len_b")})):
+                                                   ("beam", "lenpen", "nbest", "max_len_a", "max_len_b", "no_repeat_ngram_size", "loop_guard")})):
     """POST /v1/translate: segments and, for this request only, search options (unset: the server's)."""
     segments: list[str] = Field(..., description="Sentences to translate, one per item; the answer keeps their order")
     sampling: Optional[SamplingIn] = None  # type: ignore[valid-type]
