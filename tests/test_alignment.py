@@ -46,6 +46,7 @@ def _record_attention_internals(model):
     return seen, hooks
 
 
+@pytest.mark.unit
 def test_weights_times_values_reproduce_the_fused_attention_of_every_layer(tiny_model):
     src, tgt_in = _batch()
     with torch.no_grad():
@@ -65,6 +66,7 @@ def test_weights_times_values_reproduce_the_fused_attention_of_every_layer(tiny_
         torch.testing.assert_close(by_hand, seen[name]["heads"], rtol=1e-5, atol=1e-5, msg=name)
 
 
+@pytest.mark.unit
 def test_masked_positions_get_exactly_zero(tiny_model):
     src, tgt_in = _batch()
     weights = force_decode(tiny_model, src, tgt_in)
@@ -78,6 +80,7 @@ def test_masked_positions_get_exactly_zero(tiny_model):
         torch.testing.assert_close(w.sum(-1), torch.ones_like(w.sum(-1)))
 
 
+@pytest.mark.unit
 def test_hard_alignment_averages_heads_and_never_aligns_eos():
     cross = torch.zeros(2, 3, 4)  # (H, T, S): 2 target tokens + EOS, 3 source tokens + EOS
     cross[0, 0] = torch.tensor([0.6, 0.0, 0.0, 0.4])
@@ -89,6 +92,7 @@ def test_hard_alignment_averages_heads_and_never_aligns_eos():
     assert hard_alignment(cross, 3, 0) == []
 
 
+@pytest.mark.unit
 def test_alignments_of_a_batch_are_those_of_each_sentence_alone(tiny_model):
     src, _ = _batch()
     hyps = [[Hypothesis([5, 6, 7, 8], -1.0), Hypothesis([9], -2.0)], [Hypothesis([10, 11], -1.0)]]
@@ -113,6 +117,7 @@ def _need_weights_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.integration
 def test_print_alignment_fields_and_no_cost_when_not_asked(tiny_checkpoint, monkeypatch):
     calls = _need_weights_calls(monkeypatch)
     plain = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu")
@@ -134,6 +139,7 @@ def test_print_alignment_fields_and_no_cost_when_not_asked(tiny_checkpoint, monk
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_alignment_of_a_learnt_reversal_finds_the_mirrored_positions(reverse_run):
     """A model trained to reverse sequences writes target token j from source token n-1-j; the
     alignment from the last decoder layer's attention (the documented default) must say so."""
@@ -160,6 +166,7 @@ def _heatmap_panels(fig):
     return [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
 
 
+@pytest.mark.integration
 def test_png_has_one_panel_per_head_of_each_attention(tiny_checkpoint, tmp_path):
     from matplotlib.image import imread
 
@@ -178,6 +185,7 @@ def test_png_has_one_panel_per_head_of_each_attention(tiny_checkpoint, tmp_path)
     assert len(fig.axes) - len(panels) == 3  # a colour bar per row
 
 
+@pytest.mark.integration
 def test_given_target_all_layers_and_other_formats(tiny_checkpoint, tmp_path):
     from seqtool.plot import show_attention
 
@@ -196,6 +204,7 @@ def test_given_target_all_layers_and_other_formats(tiny_checkpoint, tmp_path):
     assert not (tmp_path / "b.png").exists()
 
 
+@pytest.mark.integration
 def test_terminal_heatmap_shades_follow_the_weights(tiny_checkpoint):
     from rich.console import Console
 
@@ -215,6 +224,7 @@ def test_terminal_heatmap_shades_follow_the_weights(tiny_checkpoint):
 # ---- command line --------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_without_matplotlib_the_command_says_how_to_install_it(tiny_checkpoint, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
@@ -229,6 +239,7 @@ def test_without_matplotlib_the_command_says_how_to_install_it(tiny_checkpoint, 
     assert result.exit_code == 0 and "mean of 4 heads" in result.stdout
 
 
+@pytest.mark.unit
 def test_attention_options_reach_the_library_call(monkeypatch):
     from pathlib import Path
 
@@ -254,6 +265,7 @@ def test_attention_options_reach_the_library_call(monkeypatch):
     assert (o.beam, o.lenpen, c.device, c.precision, c.threads) == (3, 0.5, "cpu", "bf16", 1)
 
 
+@pytest.mark.integration
 def test_attention_without_output_or_terminal_and_a_missing_layer_are_refused(tiny_checkpoint):
     from typer.testing import CliRunner
 
@@ -267,6 +279,7 @@ def test_attention_without_output_or_terminal_and_a_missing_layer_are_refused(ti
 
 
 @pytest.mark.parametrize("n, heads, layers", [(8, 4, 1), (60, 4, 1), (200, 4, 1), (200, 16, 6)])
+@pytest.mark.unit
 def test_a_picture_stays_bounded_and_legible_whatever_the_lengths(n, heads, layers):
     # a 200-token translation once drew 16,428 x 12,433 pixels: the canvas is capped, labels thinned
     from seqtool.alignment import AttentionWeights

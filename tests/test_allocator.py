@@ -37,6 +37,7 @@ def _probe(mode: str) -> tuple[str, int, int]:
 
 
 @pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
+@pytest.mark.system
 def test_large_blocks_stay_in_the_heap_for_reuse():
     applied, mapped_mib, kept_mib = _probe("keep")
     assert applied == "True"
@@ -46,6 +47,7 @@ def test_large_blocks_stay_in_the_heap_for_reuse():
     assert default_mapped >= 20 and default_kept < 20  # the premise: glibc's default maps and unmaps it
 
 
+@pytest.mark.unit
 def test_keep_freed_memory_is_idempotent():
     from seqtool import allocator
 
@@ -54,6 +56,7 @@ def test_keep_freed_memory_is_idempotent():
 
 
 @GLIBC
+@pytest.mark.unit
 def test_heap_trimmer_trims_at_most_once_a_period():
     trimmer = allocator.HeapTrimmer(1.0)
     assert trimmer.active
@@ -65,12 +68,14 @@ def test_heap_trimmer_trims_at_most_once_a_period():
     assert calls == [0] * 5 and trimmer(13.5) is False  # a forced trim starts a new period
 
 
+@pytest.mark.unit
 def test_heap_trimmer_off_is_a_no_op():
     trimmer = allocator.HeapTrimmer(0.0)
     assert not trimmer.active and trimmer(100.0) is False
 
 
 @GLIBC
+@pytest.mark.unit
 def test_malloc_trim_returns_freed_heap_pages():
     import ctypes
 

@@ -19,6 +19,8 @@ from seqtool.config import ConfigError
 
 from conftest import process_running
 
+pytestmark = pytest.mark.system
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 

@@ -12,6 +12,7 @@ from seqtool.search import beam_search
 from seqtool.textio import InputError
 
 
+@pytest.mark.unit
 def test_round_trip_gives_identical_outputs(tiny_checkpoint, tmp_path):
     ckpt = checkpoint.load(tiny_checkpoint)
     model = checkpoint.load_model(ckpt)
@@ -24,6 +25,7 @@ def test_round_trip_gives_identical_outputs(tiny_checkpoint, tmp_path):
         assert torch.equal(value, again.state_dict()[name])
 
 
+@pytest.mark.unit
 def test_checkpoint_holds_only_plain_data(tiny_checkpoint):
     raw = torch.load(tiny_checkpoint, weights_only=True)  # would raise on any pickled object
     assert raw["format_version"] == checkpoint.FORMAT_VERSION
@@ -36,6 +38,7 @@ class Exploit:
         return (print, ("code ran",))
 
 
+@pytest.mark.unit
 def test_a_pickle_carrying_code_is_refused_not_run(tmp_path, capsys):
     path = tmp_path / "evil.pt"
     torch.save({"format_version": 1, "payload": Exploit()}, path)
@@ -55,6 +58,7 @@ class Plain:
 
 @pytest.mark.parametrize("payload, name", [(CallsSystem(), f"{os.system.__module__}.system"), (Plain(), f"{__name__}.Plain")],
                          ids=["blocked-module", "not-allowed-class"])
+@pytest.mark.unit
 def test_a_refused_pickle_is_named_by_the_python_object_it_needs(tmp_path, payload, name):
     path = tmp_path / "evil.pt"
     torch.save({"format_version": 1, "payload": payload}, path)
@@ -64,6 +68,7 @@ def test_a_refused_pickle_is_named_by_the_python_object_it_needs(tmp_path, paylo
     assert message.startswith(f"{path}: refused to load: it needs the Python object {name}, ") and "\n" not in message
 
 
+@pytest.mark.unit
 def test_truncated_checkpoint_is_reported(tiny_checkpoint, tmp_path):
     data = tiny_checkpoint.read_bytes()
     path = tmp_path / "cut.pt"
@@ -72,6 +77,7 @@ def test_truncated_checkpoint_is_reported(tiny_checkpoint, tmp_path):
         checkpoint.load(path)
 
 
+@pytest.mark.unit
 def test_changed_weights_are_reported_as_corruption(tiny_checkpoint, tmp_path):
     ckpt = torch.load(tiny_checkpoint, weights_only=True)
     name = next(iter(ckpt["weights"]))
@@ -104,6 +110,7 @@ def _edited(tiny_checkpoint, path, **changes):
     ({"max_positions": 2 ** 40}, "model.max_positions"),
     ({"d_ff": "512"}, "d_ff"),
 ])
+@pytest.mark.unit
 def test_an_edited_model_config_is_named_never_built(tiny_checkpoint, tmp_path, changes, words):
     path = _edited(tiny_checkpoint, tmp_path / "edited.pt", **changes)
     with pytest.raises(InputError) as error:
@@ -113,6 +120,7 @@ def test_an_edited_model_config_is_named_never_built(tiny_checkpoint, tmp_path, 
     assert "\n" not in message
 
 
+@pytest.mark.system
 def test_translate_with_an_edited_checkpoint_is_one_line_not_a_bug(tiny_checkpoint, tmp_path):
     for changes in ({"d_ff": 2 ** 40}, {"d_model": 256}):
         path = _edited(tiny_checkpoint, tmp_path / "tampered.pt", **changes)
@@ -124,6 +132,7 @@ def test_translate_with_an_edited_checkpoint_is_one_line_not_a_bug(tiny_checkpoi
         assert line.startswith(f"error: {path}: model.{next(iter(changes))}") and "damaged or was edited" in line, line
 
 
+@pytest.mark.unit
 def test_other_format_version_is_explained(tiny_checkpoint, tmp_path):
     ckpt = torch.load(tiny_checkpoint, weights_only=True)
     ckpt["format_version"] = 42
@@ -132,6 +141,7 @@ def test_other_format_version_is_explained(tiny_checkpoint, tmp_path):
         checkpoint.load(tmp_path / "v42.pt")
 
 
+@pytest.mark.unit
 def test_failed_save_keeps_the_previous_file(tiny_checkpoint, tmp_path, monkeypatch):
     path = tmp_path / "last.pt"
     path.write_bytes(tiny_checkpoint.read_bytes())
@@ -146,6 +156,7 @@ def test_failed_save_keeps_the_previous_file(tiny_checkpoint, tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]  # no temp file left
 
 
+@pytest.mark.unit
 def test_average_of_identical_checkpoints_is_the_same_model(tiny_checkpoint, tmp_path):
     out = tmp_path / "avg.pt"
     checkpoint.average([tiny_checkpoint, tiny_checkpoint], out)
@@ -155,6 +166,7 @@ def test_average_of_identical_checkpoints_is_the_same_model(tiny_checkpoint, tmp
         torch.testing.assert_close(a[name], b[name])
 
 
+@pytest.mark.unit
 def test_average_is_the_mean(tiny_checkpoint, tmp_path):
     ckpt = torch.load(tiny_checkpoint, weights_only=True)
     ckpt["weights"] = {k: v + 2.0 if v.is_floating_point() else v for k, v in ckpt["weights"].items()}

@@ -24,6 +24,7 @@ def _job(corpus, save_dir, **train_options):
     return tiny_job(corpus / "bin", save_dir, **train_options)
 
 
+@pytest.mark.integration
 def test_save_interval_and_keep_last_leave_exactly_the_expected_files(small_corpus, tmp_path):
     save = tmp_path / "run"
     train(_job(small_corpus, save, max_updates=7, save_interval_updates=2, keep_last=2))
@@ -35,6 +36,7 @@ def test_save_interval_and_keep_last_leave_exactly_the_expected_files(small_corp
     assert checkpoint.load(save / "last.pt")["train_state"]["progress"]["updates"] == 7
 
 
+@pytest.mark.integration
 def test_save_interval_without_keep_last_writes_last_pt_only(small_corpus, tmp_path, monkeypatch):
     saved = []
     real = checkpoint.save
@@ -45,11 +47,13 @@ def test_save_interval_without_keep_last_writes_last_pt_only(small_corpus, tmp_p
     assert not checkpoint.numbered_checkpoints(tmp_path / "run")
 
 
+@pytest.mark.unit
 def test_keep_last_needs_save_interval():
     with pytest.raises(ConfigError, match="--keep-last .* --save-interval-updates"):
         TrainConfig(keep_last=3)
 
 
+@pytest.mark.integration
 def test_interrupted_run_writes_last_pt_but_no_best_pt(small_corpus, tmp_path, monkeypatch):
     save = tmp_path / "run"
     real_step = Trainer._step
@@ -92,6 +96,7 @@ KILLED_SAVE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.system
 def test_kill_just_before_the_rename_leaves_the_previous_last_pt(small_corpus, tmp_path):
     save = tmp_path / "run"
     train(_job(small_corpus, save, max_updates=2, lr_schedule="inverse-sqrt"))
@@ -114,6 +119,7 @@ def test_kill_just_before_the_rename_leaves_the_previous_last_pt(small_corpus, t
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=0)
 
 
+@pytest.mark.system
 def test_a_force_run_killed_before_its_first_save_leaves_the_old_run_and_only_temp_files(small_corpus, tmp_path):
     save = tmp_path / "run"
     train(_job(small_corpus, save, max_updates=2, lr_schedule="inverse-sqrt"))
@@ -132,6 +138,7 @@ def test_a_force_run_killed_before_its_first_save_leaves_the_old_run_and_only_te
     assert sorted(p.name for p in save.iterdir()) == ["best.pt", "config.json", "last.pt", "metrics.jsonl"]
 
 
+@pytest.mark.unit
 def test_save_fsyncs_the_file_then_the_directory(tiny_checkpoint, tmp_path, monkeypatch):
     synced = []
     real_fsync = os.fsync
@@ -146,6 +153,7 @@ def test_save_fsyncs_the_file_then_the_directory(tiny_checkpoint, tmp_path, monk
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
+@pytest.mark.unit
 def test_stale_temp_files_of_dead_saves_are_removed_live_ones_kept(tmp_path):
     dead = temp_path(tmp_path / "last.pt", pid=4_194_305)  # above Linux's largest pid: no such process
     alive = temp_path(tmp_path / "best.pt", pid=os.getppid())
@@ -156,6 +164,7 @@ def test_stale_temp_files_of_dead_saves_are_removed_live_ones_kept(tmp_path):
     assert not dead.exists() and alive.exists() and other.exists()
 
 
+@pytest.mark.unit
 def test_prune_keeps_the_newest_numbered_copies(tmp_path):
     for n in (5, 40, 300, 1000):
         (tmp_path / f"checkpoint_u{n}.pt").write_bytes(b"x")
@@ -183,6 +192,7 @@ class _SignalOnFirstWrite:
 
 
 @pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+@pytest.mark.integration
 def test_a_signal_during_a_checkpoint_write_waits_for_the_write(small_corpus, tmp_path, monkeypatch, signum):
     import signal
 
@@ -212,6 +222,7 @@ def test_a_signal_during_a_checkpoint_write_waits_for_the_write(small_corpus, tm
     assert train(_job(small_corpus, save, max_updates=3)).updates == 3  # and the run resumes
 
 
+@pytest.mark.unit
 def test_the_torch_floor_has_no_known_weights_only_bypass():
     # torch.load(weights_only=True) is what keeps a checkpoint from running code: torch below 2.10 has
     # known bypasses (CVE-2025-32434 before 2.6, CVE-2026-24747 before 2.10), so pip may not pick one
@@ -229,6 +240,7 @@ def _snapshot(directory):
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.is_file()}
 
 
+@pytest.mark.system
 def test_a_second_run_on_the_same_save_dir_is_refused_naming_the_holder(small_corpus, tmp_path):
     save = tmp_path / "run"
     save.mkdir()
@@ -249,6 +261,7 @@ def test_a_second_run_on_the_same_save_dir_is_refused_naming_the_holder(small_co
     assert not (save / ".seqtool.lock").exists()  # and a finished run leaves no lock file
 
 
+@pytest.mark.integration
 def test_force_deletes_nothing_until_the_new_run_has_saved(small_corpus, tmp_path, monkeypatch):
     save = tmp_path / "run"
     train(_job(small_corpus, save, max_updates=4, save_interval_updates=2, keep_last=2))
@@ -272,6 +285,7 @@ def test_force_deletes_nothing_until_the_new_run_has_saved(small_corpus, tmp_pat
     assert all('"update": 1' in r for r in records)  # only the new run's metrics
 
 
+@pytest.mark.integration
 def test_a_save_cut_between_best_and_last_never_loses_the_better_best(small_corpus, tmp_path, monkeypatch):
     import seqtool.training.validate
     from seqtool.training.validate import ValidResult

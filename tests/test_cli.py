@@ -14,23 +14,27 @@ COMMANDS = ["train-tokenizer", "binarize", "train", "translate", "attention", "s
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.unit
 def test_every_command_has_help(command):
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0
     assert "Usage" in result.output
 
 
+@pytest.mark.system
 def test_help_does_not_import_torch():
     code = "import sys; from seqtool.cli import app\ntry:\n    app(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+@pytest.mark.system
 def test_python_dash_m_works_like_the_script():
     out = subprocess.run([sys.executable, "-m", "seqtool", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "translate" in out.stdout
 
 
+@pytest.mark.unit
 def test_train_options_reach_the_library_call(monkeypatch, tmp_path):
     import seqtool.training.train
 
@@ -55,6 +59,7 @@ def test_train_options_reach_the_library_call(monkeypatch, tmp_path):
     assert (t.max_tokens, t.max_updates, t.max_epochs, t.max_time, t.precision, t.device, t.seed, t.threads) == (1234, 9, 3, 1200.0, "bf16", "cpu", 5, 2)
 
 
+@pytest.mark.unit
 def test_train_on_raw_files_and_config_file(monkeypatch, tmp_path):
     import seqtool.training.train
 
@@ -71,6 +76,7 @@ def test_train_on_raw_files_and_config_file(monkeypatch, tmp_path):
     assert job.train.max_updates == 11 and job.train.src_lang == "es"
 
 
+@pytest.mark.unit
 def test_translate_options_reach_the_library_call(monkeypatch, tmp_path):
     import seqtool.translate
 
@@ -91,6 +97,7 @@ def test_translate_options_reach_the_library_call(monkeypatch, tmp_path):
     assert seen["checkpoint"] == Path("m.pt") and seen["input"] == Path("in.txt")
 
 
+@pytest.mark.unit
 def test_binarize_and_tokenizer_options_reach_the_library(monkeypatch):
     import seqtool.binarize
     import seqtool.tokenizer
@@ -126,6 +133,7 @@ def test_binarize_and_tokenizer_options_reach_the_library(monkeypatch):
     (["score", "--ref", "nope.txt", "--hyp", "nope.txt"], "nope.txt: no such file"),
     (["average", "a.pt", "--output", "o.pt"], "a.pt: no such checkpoint"),
 ])
+@pytest.mark.unit
 def test_user_mistakes_get_one_clear_line(args, message, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, args)
@@ -134,6 +142,7 @@ def test_user_mistakes_get_one_clear_line(args, message, tmp_path, monkeypatch):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.integration
 def test_score_reads_stdin_and_prints_json(tmp_path):
     ref = tmp_path / "ref.txt"
     ref.write_text("the cat sat on the mat\nhello world\n")
@@ -146,6 +155,7 @@ def test_score_reads_stdin_and_prints_json(tmp_path):
     assert scores["bleu"]["signature"].startswith("nrefs:1")
 
 
+@pytest.mark.integration
 def test_score_with_two_references_and_tokenizer(tmp_path):
     (tmp_path / "r1").write_text("a b c d\n")
     (tmp_path / "r2").write_text("a b c e\n")
@@ -156,18 +166,21 @@ def test_score_with_two_references_and_tokenizer(tmp_path):
     assert "100.00" in result.stdout and "nrefs:2" in result.stdout and "tok:intl" in result.stdout
 
 
+@pytest.mark.integration
 def test_score_refuses_unequal_line_counts(tmp_path):
     (tmp_path / "r").write_text("a\nb\n")
     result = runner.invoke(app, ["score", "--ref", str(tmp_path / "r")], input="a\n")
     assert result.exit_code == 1 and "<stdin> has 1 lines but" in result.output
 
 
+@pytest.mark.integration
 def test_score_refuses_unknown_tokenizer(tmp_path):
     (tmp_path / "r").write_text("a\n")
     result = runner.invoke(app, ["score", "--ref", str(tmp_path / "r"), "--tokenize", "klingon"], input="a\n")
     assert result.exit_code == 1 and "unknown --tokenize" in result.output
 
 
+@pytest.mark.unit
 def test_every_option_that_is_a_config_field_has_its_default_and_help():
     """A default is written once: translate's, serve's and attention's options that set a field of a
     config dataclass take the field's default (and its help, where the option does not say more

@@ -21,6 +21,7 @@ def _toml(tmp_path, text):
     ('arch = "huge"\n', ["run.toml: arch = 'huge'", "expected one of"]),
     ("model = 3\n", ["model must be a table"]),
 ])
+@pytest.mark.unit
 def test_config_file_mistakes_name_the_file_and_key(tmp_path, text, fragments):
     from seqtool.settings import read_toml
 
@@ -30,6 +31,7 @@ def test_config_file_mistakes_name_the_file_and_key(tmp_path, text, fragments):
         assert fragment in str(info.value)
 
 
+@pytest.mark.unit
 def test_config_file_values_are_normalised(tmp_path):
     from seqtool.settings import read_toml
 
@@ -51,6 +53,7 @@ def test_config_file_values_are_normalised(tmp_path):
     ("ModelConfig", dict(dropout=1.5), "--dropout must be in [0, 1), got 1.5"),
     ("ServeConfig", dict(port=70000), "--port must be in [0, 65,535], got 70,000"),
 ])
+@pytest.mark.unit
 def test_every_number_is_finite_and_in_its_declared_range(cls, value, words):
     """One rule for every config (the bounds declared with each field): one line naming the field, as
     the command line names it; the server renders the same error with its request fields."""
@@ -63,6 +66,7 @@ def test_every_number_is_finite_and_in_its_declared_range(cls, value, words):
     assert info.value.fields == [next(iter(value))]
 
 
+@pytest.mark.unit
 def test_a_rule_across_fields_names_them_in_each_front_end_s_words():
     from seqtool.config import SearchOptions
     from seqtool.errors import FieldError
@@ -78,6 +82,7 @@ def test_a_rule_across_fields_names_them_in_each_front_end_s_words():
     ("--lenpen", "nan", "--lenpen must be a finite number, got nan"),
     ("--max-len-b", str(10 ** 30), "--max-len-b must be in [0, 1,000,000], got 1e+30"),
 ])
+@pytest.mark.system
 def test_out_of_range_numbers_on_the_command_line_exit_1_naming_the_option(tiny_checkpoint, option, value, words):
     import subprocess
     import sys
@@ -87,6 +92,7 @@ def test_out_of_range_numbers_on_the_command_line_exit_1_naming_the_option(tiny_
     assert result.returncode == 1 and result.stderr.strip() == f"error: {words}", result.stderr
 
 
+@pytest.mark.unit
 def test_config_file_mistakes_exit_1_on_the_command_line(tmp_path):
     from typer.testing import CliRunner
 
@@ -97,6 +103,7 @@ def test_config_file_mistakes_exit_1_on_the_command_line(tmp_path):
     assert result.exit_code == 1 and "d_modle" in result.stderr and "unexpected" not in result.stderr
 
 
+@pytest.mark.unit
 def test_train_settings_layer_options_over_the_file_over_the_preset(tmp_path):
     """One loader for `seqtool train`: each option lands in the config owning its field; options
     given win over the TOML file, which wins over --arch's preset and the defaults; None = not given

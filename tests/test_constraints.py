@@ -21,6 +21,8 @@ from seqtool.terms import Glossary, parse_constraints_line
 from seqtool.textio import LockstepLines
 from test_search import EOS, NO_EOS, TABLE, A, B, ScriptedModel, _src, real_model  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.system
+
 
 def _contains(tokens, part):
     return any(tokens[i:i + len(part)] == part for i in range(len(tokens) - len(part) + 1))

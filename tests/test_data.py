@@ -24,6 +24,7 @@ def corpus(tmp_path_factory):
     return d, texts, model
 
 
+@pytest.mark.unit
 def test_tokenizer_has_fixed_special_ids_and_round_trips(corpus):
     d, texts, model = corpus
     tok = Tokenizer.load(model)
@@ -34,6 +35,7 @@ def test_tokenizer_has_fixed_special_ids_and_round_trips(corpus):
     assert (d / "spm.vocab").exists()
 
 
+@pytest.mark.unit
 def test_tokenizer_reads_gzip_and_samples(tmp_path):
     rng = np.random.default_rng(0)
     words = ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz"), rng.integers(3, 9))) for _ in range(300)]
@@ -43,6 +45,7 @@ def test_tokenizer_reads_gzip_and_samples(tmp_path):
     assert Tokenizer.load(model).vocab_size == 100
 
 
+@pytest.mark.unit
 def test_the_tokenizer_streams_its_text_and_sentencepiece_samples_it_reproducibly(tmp_path, monkeypatch):
     # memory is bounded by --input-sentence-size, not by the corpus: the lines reach sentencepiece as a
     # stream (never a list of the whole corpus), with its own sampling, seeded
@@ -70,12 +73,14 @@ def test_the_tokenizer_streams_its_text_and_sentencepiece_samples_it_reproducibl
     assert TokenizerConfig().input_sentence_size == 1_000_000  # bounded by default
 
 
+@pytest.mark.unit
 def test_vocab_too_large_gives_advice(tmp_path):
     (tmp_path / "t.txt").write_text("a b\n")
     with pytest.raises(InputError, match=r"--vocab-size 5000 is too large for this data \(at most \d+ pieces"):
         train_tokenizer([tmp_path / "t.txt"], str(tmp_path / "m"), TokenizerConfig(vocab_size=5000))
 
 
+@pytest.mark.unit
 def test_binarize_round_trips_ids(corpus, tmp_path):
     d, texts, model = corpus
     meta = binarize("src", "tgt", [SplitSpec("train", str(d / "train")), SplitSpec("valid", str(d / "valid"))], model, tmp_path / "bin", workers=1)
@@ -89,6 +94,7 @@ def test_binarize_round_trips_ids(corpus, tmp_path):
     assert (tmp_path / "bin" / "tokenizer.model").read_bytes() == model.read_bytes()
 
 
+@pytest.mark.integration
 def test_binarize_with_workers_gives_the_same_arrays(corpus, tmp_path):
     d, _, model = corpus
     splits = [SplitSpec("train", str(d / "train"))]
@@ -98,6 +104,7 @@ def test_binarize_with_workers_gives_the_same_arrays(corpus, tmp_path):
         assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
 
 
+@pytest.mark.unit
 def test_binarize_refuses_unequal_line_counts_naming_both(corpus, tmp_path):
     d, _, model = corpus
     (tmp_path / "x.src").write_text("a b\nc d\nd e\n")
@@ -110,6 +117,7 @@ def test_binarize_refuses_unequal_line_counts_naming_both(corpus, tmp_path):
     assert not list((tmp_path / "bin").glob("*.bin"))  # no partial output left
 
 
+@pytest.mark.unit
 def test_binarize_reads_gzip_and_crlf(corpus, tmp_path):
     d, _, model = corpus
     with gzip.open(tmp_path / "g.src.gz", "wb") as f:
@@ -122,6 +130,7 @@ def test_binarize_reads_gzip_and_crlf(corpus, tmp_path):
     assert ds.src[0].tolist() == tok.encode("a b c")
 
 
+@pytest.mark.unit
 def test_binarize_never_overwrites_without_force(corpus, tmp_path):
     d, _, model = corpus
     splits = [SplitSpec("valid", str(d / "valid"))]
@@ -131,6 +140,7 @@ def test_binarize_never_overwrites_without_force(corpus, tmp_path):
     binarize("src", "tgt", splits, model, tmp_path / "bin", force=True)
 
 
+@pytest.mark.unit
 def test_lines_end_at_newline_only(tmp_path):
     (tmp_path / "t").write_bytes(b"one\rtwo\x85\xc2\x85x\r\n\nthree")
     with pytest.raises(InputError, match=r"t:1: invalid UTF-8"):
@@ -139,6 +149,7 @@ def test_lines_end_at_newline_only(tmp_path):
     assert list(read_lines(tmp_path / "u")) == ["one\rtwo\u2028x\u0085y", "", "three"]
 
 
+@pytest.mark.unit
 def test_batches_respect_the_budget_and_cover_every_pair_once():
     rng = np.random.default_rng(0)
     src_len = rng.integers(1, 60, 2000)
@@ -156,6 +167,7 @@ def test_batches_respect_the_budget_and_cover_every_pair_once():
     assert not all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(a, c))  # reshuffled per epoch
 
 
+@pytest.mark.unit
 def test_padded_batches_count_their_padding_and_stay_within_positions():
     rng = np.random.default_rng(0)
     src_len = rng.integers(1, 59, 2000)  # none past the limit (epoch_batches skips those)
@@ -170,6 +182,7 @@ def test_padded_batches_count_their_padding_and_stay_within_positions():
     assert padded_length(np.array([1, 8, 9]), 8).tolist() == [8, 8, 16]
 
 
+@pytest.mark.unit
 def test_too_long_pairs_are_skipped_and_counted(corpus, tmp_path):
     d, _, model = corpus
     binarize("src", "tgt", [SplitSpec("train", str(d / "train"))], model, tmp_path / "bin")
@@ -181,6 +194,7 @@ def test_too_long_pairs_are_skipped_and_counted(corpus, tmp_path):
     assert sum(len(b) for b in batches) == len(ds) - n_long
 
 
+@pytest.mark.unit
 def test_ranks_get_equal_disjoint_shares():
     batches = [np.array([i]) for i in range(11)]
     shares = [shard_batches(batches, r, 3) for r in range(3)]
@@ -189,6 +203,7 @@ def test_ranks_get_equal_disjoint_shares():
     assert len(set(seen.tolist())) == 9
 
 
+@pytest.mark.unit
 def test_collate_adds_bos_and_eos_and_pads_right(corpus, tmp_path):
     d, _, model = corpus
     binarize("src", "tgt", [SplitSpec("valid", str(d / "valid"))], model, tmp_path / "bin")
@@ -209,6 +224,7 @@ def test_collate_adds_bos_and_eos_and_pads_right(corpus, tmp_path):
     assert capped.tgt_in.shape[1] == exact.tgt_in.shape[1]
 
 
+@pytest.mark.unit
 def test_meta_records_what_the_data_is(corpus, tmp_path):
     d, _, model = corpus
     binarize("src", "tgt", [SplitSpec("valid", str(d / "valid"))], model, tmp_path / "bin")
@@ -221,6 +237,7 @@ def test_meta_records_what_the_data_is(corpus, tmp_path):
         read_meta(tmp_path / "bin")
 
 
+@pytest.mark.unit
 def test_empty_split_is_refused_and_leaves_nothing(corpus, tmp_path):
     d, _, model = corpus
     (tmp_path / "e.src").write_text("")

@@ -25,6 +25,7 @@ def cpu_flags(monkeypatch):
     (dict(capability="AVX512"), "fp32", "this CPU (AVX512) has no bfloat16 instructions"),
     (dict(capability="AVX2"), "fp32", "this CPU (AVX2) has no bfloat16 instructions"),
 ])
+@pytest.mark.unit
 def test_auto_picks_bf16_only_where_the_cpu_has_bf16_instructions(cpu_flags, capsys, purpose, flags, expected, reason):
     cpu_flags(**flags)
     assert device.resolve_precision("auto", CPU, purpose) == expected
@@ -32,6 +33,7 @@ def test_auto_picks_bf16_only_where_the_cpu_has_bf16_instructions(cpu_flags, cap
 
 
 @pytest.mark.parametrize("purpose", ["train", "translate"])
+@pytest.mark.unit
 def test_bf16_asked_for_on_an_avx2_cpu_is_warned_about_with_the_cost(cpu_flags, capsys, purpose):
     cpu_flags(capability="AVX2")
     assert device.resolve_precision("bf16", CPU, purpose) == "bf16"  # the user's choice stands
@@ -42,6 +44,7 @@ def test_bf16_asked_for_on_an_avx2_cpu_is_warned_about_with_the_cost(cpu_flags, 
     assert capsys.readouterr().err == ""  # nothing to warn about where bf16 is native
 
 
+@pytest.mark.integration
 def test_translate_resolves_auto_once_and_warns_on_emulated_bf16(cpu_flags, tiny_checkpoint, capsys):
     from seqtool.translate import Translator
 
@@ -59,11 +62,13 @@ def test_translate_resolves_auto_once_and_warns_on_emulated_bf16(cpu_flags, tiny
     assert "has no bfloat16 instructions" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_this_machine_reports_its_capability():
     assert device.cpu_capability() in ("AVX2", "AVX512", "DEFAULT", "ZVECTOR", "NO AVX", "VSX") or device.cpu_capability()
     assert device.cpu_bf16_instructions() in ("", "AMX", "AVX512-BF16")
 
 
+@pytest.mark.unit
 def test_sdpa_without_cudnn_turns_the_backend_off_process_wide():
     """Training and decoding on CUDA call this (cuDNN builds an attention plan per new shape); the
     switch is torch's global one, so it can be checked without a GPU."""

@@ -42,6 +42,7 @@ def torchrun(nproc: int, *args, env: dict | None = None, timeout: float = 240) -
 
 
 # ---- environment and batch assignment (no processes) ---------------------------------------
+@pytest.mark.unit
 def test_environment_of_one_process_and_of_torchrun():
     assert distributed.environment({}) == distributed.Env(0, 1, 0)
     env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
@@ -54,6 +55,7 @@ def test_environment_of_one_process_and_of_torchrun():
         distributed.environment({k: v for k, v in env.items() if k != "MASTER_ADDR"})
 
 
+@pytest.mark.unit
 def test_one_process_group_is_a_no_op():
     import torch.distributed as dist
 
@@ -68,6 +70,7 @@ def test_one_process_group_is_a_no_op():
 @pytest.mark.parametrize("n_batches", [1, 11, 24, 37])
 @pytest.mark.parametrize("world", [1, 2, 3])
 @pytest.mark.parametrize("update_freq", [1, 2, 4])
+@pytest.mark.unit
 def test_update_k_micro_batch_j_of_rank_r_is_global_batch_kWF_plus_jW_plus_r(n_batches, world, update_freq):
     epoch = list(range(n_batches))  # global batch i stands for itself
     per_rank = [distributed.update_batches(shard_batches(epoch, r, world), update_freq) for r in range(world)]
@@ -79,12 +82,14 @@ def test_update_k_micro_batch_j_of_rank_r_is_global_batch_kWF_plus_jW_plus_r(n_b
     assert used == list(range(len(used)))  # no batch twice, only the tail left out
 
 
+@pytest.mark.unit
 def test_resume_position_with_another_number_of_processes():
     assert distributed.resume_position(5, 2, 2) == 5
     assert distributed.resume_position(5, 2, 4) == 3  # 10 batches consumed -> 2.5 updates of 4, rounded up
     assert distributed.resume_position(3, 4, 1) == 12
 
 
+@pytest.mark.integration
 def test_update_freq_larger_than_an_epoch_is_a_clear_error(data_dir, tmp_path):
     from seqtool.textio import InputError
 
@@ -95,6 +100,7 @@ def test_update_freq_larger_than_an_epoch_is_a_clear_error(data_dir, tmp_path):
 
 # ---- two processes on CPU (gloo) -------------------------------------------------------------
 @pytest.mark.parametrize("ranks_update_freq, one_update_freq, sgd_like", [(1, 2, False), (2, 4, True)])
+@pytest.mark.system
 def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_path, ranks_update_freq, one_update_freq, sgd_like):
     """2 ranks x F micro-batches = 1 process x 2F micro-batches on the same batches (the all-reduce
     replaces the accumulation; with F = 2 the first micro-batch runs under no_sync).
@@ -141,6 +147,7 @@ def test_two_processes_train_the_weights_of_one_with_update_freq(data_dir, tmp_p
     assert [v["loss"] for v in valid[1]] == pytest.approx([v["loss"] for v in valid[0]], rel=2e-3)
 
 
+@pytest.mark.system
 def test_the_patience_stop_is_one_decision_for_every_rank(data_dir, tmp_path):
     # a learning rate that wrecks the model: validation stops improving, and both ranks stop together
     (tmp_path / "wild.toml").write_text("[optim]\nlr = 3.0\nwarmup = 1\n")
@@ -152,6 +159,7 @@ def test_the_patience_stop_is_one_decision_for_every_rank(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("fault", ["rank1-exit", "rank1-hang"])
+@pytest.mark.system
 def test_a_rank_that_fails_or_hangs_ends_the_job_with_an_error(data_dir, tmp_path, fault):
     started = time.monotonic()
     result = torchrun(2, data_dir, "--save-dir", tmp_path / "run", "--dist-timeout", "15", "--arch", "tiny",
@@ -165,6 +173,7 @@ def test_a_rank_that_fails_or_hangs_ends_the_job_with_an_error(data_dir, tmp_pat
         assert "rank 0:" in result.stderr and "--dist-timeout 15s" in result.stderr, result.stderr[-3000:]
 
 
+@pytest.mark.system
 def test_the_others_wait_for_rank_0_preparing_data_longer_than_the_dist_timeout(data_dir, tmp_path):
     # rank 0 trains the tokenizer and binarizes raw files; a large corpus takes longer than any collective
     # should wait, so that wait is not bounded by --dist-timeout (here 5 s against a 12-s preparation)

@@ -15,6 +15,8 @@ from seqtool.documents import (Aligned, join_aligned, looks_like_several_sentenc
 from seqtool.errors import ConfigError
 from seqtool.markup import Span, Unit, placeholders
 
+pytestmark = pytest.mark.system
+
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

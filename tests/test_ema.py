@@ -12,6 +12,7 @@ from seqtool.training.train import train
 from conftest import binarized_reverse_corpus, interrupted_then_resumed, tiny_job
 
 
+@pytest.mark.unit
 def test_the_average_follows_its_formula():
     p = torch.nn.Parameter(torch.zeros(3))
     ema = EMA([p], decay=0.9)
@@ -26,6 +27,7 @@ def test_the_average_follows_its_formula():
     assert ema.updates == 20
 
 
+@pytest.mark.unit
 def test_applied_swaps_the_average_in_and_back_out():
     p = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
     ema = EMA([p], decay=0.5)
@@ -38,6 +40,7 @@ def test_applied_swaps_the_average_in_and_back_out():
     torch.testing.assert_close(p.detach(), torch.tensor([5.0, 5.0]))
 
 
+@pytest.mark.unit
 def test_state_round_trip_continues_exactly():
     torch.manual_seed(0)
     a, b = torch.nn.Parameter(torch.randn(4)), torch.nn.Parameter(torch.randn(4))
@@ -63,6 +66,7 @@ def _records(save):
     return [json.loads(x) for x in (save / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.integration
 def test_the_average_becomes_best_pt_only_when_validation_says_it_is_better(data_dir, tmp_path, monkeypatch):
     save = tmp_path / "run"
     train(tiny_job(data_dir, save, max_updates=30, ema_decay=0.9))
@@ -89,6 +93,7 @@ def test_the_average_becomes_best_pt_only_when_validation_says_it_is_better(data
         assert bool(checkpoint.load(other / "best.pt").get("averaged")) is verdict
 
 
+@pytest.mark.integration
 def test_ema_off_leaves_no_average(data_dir, tmp_path):
     save = tmp_path / "run"
     train(tiny_job(data_dir, save, max_updates=4, ema_decay=0.0))
@@ -96,6 +101,7 @@ def test_ema_off_leaves_no_average(data_dir, tmp_path):
     assert checkpoint.load(save / "last.pt")["train_state"]["ema"] is None
 
 
+@pytest.mark.integration
 def test_resume_continues_the_average_bitwise(data_dir, tmp_path, monkeypatch):
     train(tiny_job(data_dir, tmp_path / "once", max_updates=8, ema_decay=0.9))
     interrupted_then_resumed(tiny_job(data_dir, tmp_path / "twice", max_updates=8, ema_decay=0.9), 5, monkeypatch)

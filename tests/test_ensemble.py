@@ -52,6 +52,7 @@ def _assert_same(a, b):
             assert x == pytest.approx(y, abs=1e-5)
 
 
+@pytest.mark.unit
 def test_an_ensemble_of_a_model_with_itself_is_that_model(models):
     model = models[0]
     pair = Ensemble([model, model])
@@ -74,6 +75,7 @@ def _ensemble_logprob(models, src_row, tokens):
 
 
 @pytest.mark.parametrize("lenpen", [1.0, 0.0])
+@pytest.mark.unit
 def test_ensemble_beam_scores_match_full_recomputation(models, lenpen):
     """Beams are reordered and finished sentences leave the batch at every step; if any member's
     cache went out of step, a hypothesis's score would not be the ensemble's probability of it."""
@@ -90,6 +92,7 @@ def test_ensemble_beam_scores_match_full_recomputation(models, lenpen):
             assert h.score == pytest.approx(total / (len(h.tokens) + 1) ** lenpen, abs=1e-4)
 
 
+@pytest.mark.unit
 def test_ensemble_differs_from_each_member(models):
     src = _sources()
     pair = _flat(beam_search(Ensemble(list(models)), src, beam=3, max_len_b=12))
@@ -109,6 +112,7 @@ def other_tokenizer_checkpoint(tiny_checkpoint, tmp_path_factory):
     return path
 
 
+@pytest.mark.system
 def test_checkpoints_with_different_tokenizers_are_refused(tiny_checkpoint, other_tokenizer_checkpoint):
     with pytest.raises(InputError) as error:
         Translator.load([tiny_checkpoint, other_tokenizer_checkpoint], device="cpu")
@@ -121,6 +125,7 @@ def test_checkpoints_with_different_tokenizers_are_refused(tiny_checkpoint, othe
     assert result.stdout == b""
 
 
+@pytest.mark.system
 def test_cli_ensemble_of_a_checkpoint_with_itself_prints_the_same(tiny_checkpoint):
     def run(*checkpoints):
         args = [a for c in checkpoints for a in ("-c", str(c))]
@@ -135,6 +140,7 @@ def test_cli_ensemble_of_a_checkpoint_with_itself_prints_the_same(tiny_checkpoin
     assert run(tiny_checkpoint, tiny_checkpoint) == single
 
 
+@pytest.mark.integration
 def test_translator_loads_an_ensemble(tiny_checkpoint):
     t = Translator.load([tiny_checkpoint, tiny_checkpoint], beam=2, max_len_b=6, device="cpu", alignments=True)
     assert isinstance(t.model, Ensemble) and len(t.model.models) == 2

@@ -2,9 +2,13 @@
 behaviour of each error is tests/test_errors.py)."""
 
 
+import pytest
+
 from seqtool import errors
 from seqtool.config import ConfigError as ConfigErrorFromConfig
 from seqtool.textio import InputError as InputErrorFromTextio
+
+pytestmark = pytest.mark.unit
 
 
 def test_every_user_error_is_a_seqtool_error_and_exits_1():

@@ -84,6 +84,7 @@ def binarize_cli(corpus: Path, train: str, out: Path, *extra):
 
 # ---- inputs ---------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_missing_and_unreadable_inputs(tiny_checkpoint, corpus, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     one_error(binarize_cli(corpus, "nope", tmp_path / "bin"), "nope.src: no such file")
@@ -105,6 +106,7 @@ def test_missing_and_unreadable_inputs(tiny_checkpoint, corpus, tmp_path, monkey
     assert not list(tmp_path.glob("b*"))  # nothing was created by the failed binarize runs
 
 
+@pytest.mark.integration
 def test_empty_files(tiny_checkpoint, corpus, tmp_path):
     train = write_pair(tmp_path, "e", b"", b"")
     one_error(binarize_cli(corpus, train, tmp_path / "bin"), "e.src: empty file", "at least one line")
@@ -115,6 +117,7 @@ def test_empty_files(tiny_checkpoint, corpus, tmp_path):
     one_error(cli("score", "--ref", corpus / "valid.tgt", "--hyp", tmp_path / "e.src"), "has 0 lines", "valid.tgt has 10")
 
 
+@pytest.mark.integration
 def test_unequal_line_counts_name_both_files_and_counts(corpus, tmp_path):
     train = write_pair(tmp_path, "u", b"a b\n" * 5000, b"b a\n" * 4999)  # crosses a 4096-line chunk
     line = one_error(binarize_cli(corpus, train, tmp_path / "bin"), "u.src has 5000 lines", "u.tgt has 4999")
@@ -122,6 +125,7 @@ def test_unequal_line_counts_name_both_files_and_counts(corpus, tmp_path):
     assert not (tmp_path / "bin").exists()
 
 
+@pytest.mark.integration
 def test_lines_end_at_newline_only(tiny_checkpoint, corpus, tmp_path):
     src = "a b\r\nc\rd\n\u2028e\x85f\r\n\r\n".encode()
     tgt = b"x\ny\nz\nw\n"
@@ -135,6 +139,7 @@ def test_lines_end_at_newline_only(tiny_checkpoint, corpus, tmp_path):
     assert result.exit_code == 0 and result.stdout.count("\n") == 4
 
 
+@pytest.mark.integration
 def test_invalid_utf8(tiny_checkpoint, corpus, tmp_path):
     train = write_pair(tmp_path, "bad", b"a b\nc \xff d\ne\n", b"b a\nd c\ne\n")
     # binarize: strict by default, the message names file and line; nothing written
@@ -154,6 +159,7 @@ def test_invalid_utf8(tiny_checkpoint, corpus, tmp_path):
     assert out.read_text() == "previous translation\n" and sorted(p.name for p in tmp_path.glob(".*")) == []
 
 
+@pytest.mark.integration
 def test_many_invalid_lines_warn_a_few_times_then_count(tiny_checkpoint, tmp_path):
     result = cli("translate", "-c", tiny_checkpoint, *TRANSLATE, input=b"\xff\n" * 30)
     assert result.exit_code == 0 and result.stdout.count("\n") == 30
@@ -161,6 +167,7 @@ def test_many_invalid_lines_warn_a_few_times_then_count(tiny_checkpoint, tmp_pat
     assert "invalid UTF-8 replaced in 30 lines in all" in result.stderr
 
 
+@pytest.mark.integration
 def test_odd_text_is_just_text(tiny_checkpoint, corpus, tmp_path):
     """NUL bytes, whitespace-only lines, non-BMP characters, combining marks, right-to-left text."""
     lines = ["a\x00b", "\x00", "   \t ", "\U0001F600 \U00020000 a", "e\u0301 a\u0308", "\u05e9\u05dc\u05d5\u05dd b \u0645\u0631\u062d\u0628\u0627", ""]
@@ -174,6 +181,7 @@ def test_odd_text_is_just_text(tiny_checkpoint, corpus, tmp_path):
     assert result.stdout.split("\n")[2] == ""  # a whitespace-only line has no tokens: an empty translation
 
 
+@pytest.mark.integration
 def test_a_million_character_line(tiny_checkpoint, corpus, tmp_path):
     """Binarized whole, skipped and counted by training; cropped with a warning by translation."""
     long_line = ("a b " * 250_000).encode()
@@ -195,12 +203,14 @@ def test_a_million_character_line(tiny_checkpoint, corpus, tmp_path):
 
 # ---- settings -------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_vocabulary_too_large_gives_advice(corpus, tmp_path):
     one_error(cli("train-tokenizer", corpus / "valid.src", "--model-prefix", tmp_path / "m", "--vocab-size", "5000"),
               "--vocab-size 5000 is too large for this data (at most", "lower --vocab-size")
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration
 def test_max_tokens_smaller_than_one_sentence(tiny_checkpoint, data_dir, tmp_path):
     one_error(cli("train", data_dir, "--save-dir", tmp_path / "run", *TRAIN, "--max-tokens", "3"),
               "no training pair fits --max-tokens 3", "raise --max-tokens to at least")
@@ -209,6 +219,7 @@ def test_max_tokens_smaller_than_one_sentence(tiny_checkpoint, data_dir, tmp_pat
     assert result.exit_code == 0 and result.stdout.count("\n") == 4  # a sentence over the budget is a batch of its own
 
 
+@pytest.mark.integration
 def test_data_dir_of_another_format_version(data_dir, tmp_path):
     copy = tmp_path / "bin"
     shutil.copytree(data_dir, copy)
@@ -218,6 +229,7 @@ def test_data_dir_of_another_format_version(data_dir, tmp_path):
     one_error(cli("train", copy, "--save-dir", tmp_path / "run", *TRAIN), "data format version 99", "binarize the data again")
 
 
+@pytest.mark.integration
 def test_tokenizer_that_does_not_match_the_data(tiny_checkpoint, corpus, data_dir, tmp_path):
     copy = tmp_path / "bin"
     shutil.copytree(data_dir, copy)
@@ -228,6 +240,7 @@ def test_tokenizer_that_does_not_match_the_data(tiny_checkpoint, corpus, data_di
     assert not (tmp_path / "run" / "last.pt").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.integration
 def test_mismatched_languages(corpus, data_dir, tmp_path):
     one_error(binarize_cli(corpus, str(corpus / "train"), tmp_path / "b", "--tgt", "src"), "both 'src'")
     one_error(cli("binarize", "--src", "de", "--tgt", "tgt", "--train", corpus / "train", "--tokenizer", corpus / "spm.model",
@@ -239,6 +252,7 @@ def test_mismatched_languages(corpus, data_dir, tmp_path):
 
 # ---- files ----------------------------------------------------------------------------------
 
+@pytest.mark.integration
 def test_truncated_or_corrupted_checkpoints(tiny_checkpoint, tmp_path):
     data = tiny_checkpoint.read_bytes()
     (tmp_path / "cut.pt").write_bytes(data[: len(data) * 2 // 3])
@@ -267,6 +281,7 @@ class _Payload:
         return (Path.touch, (self.marker,))
 
 
+@pytest.mark.integration
 def test_a_pickle_carrying_code_is_refused_never_run(tmp_path):
     marker = tmp_path / "code-ran"
     torch.save({"format_version": 1, "weights": {}, "payload": _Payload(marker)}, tmp_path / "evil.pt")
@@ -276,6 +291,7 @@ def test_a_pickle_carrying_code_is_refused_never_run(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.integration
 def test_full_disk_at_save_keeps_the_previous_checkpoint(data_dir, tmp_path, monkeypatch):
     run = tmp_path / "run"
     assert cli("train", data_dir, "--save-dir", run, "--max-updates", "1", *TRAIN).exit_code == 0
@@ -292,6 +308,7 @@ def test_full_disk_at_save_keeps_the_previous_checkpoint(data_dir, tmp_path, mon
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]  # no temp file left behind
 
 
+@pytest.mark.unit
 def test_full_disk_while_translating_keeps_the_previous_output(tmp_path, monkeypatch):
     import seqtool.translate
 
@@ -307,6 +324,7 @@ def test_full_disk_while_translating_keeps_the_previous_output(tmp_path, monkeyp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
 
+@pytest.mark.integration
 def test_existing_outputs_are_never_overwritten_without_force(data_dir, corpus, tiny_checkpoint, tmp_path):
     before = snapshot(data_dir)
     one_error(cli("binarize", "--src", "src", "--tgt", "tgt", "--train", corpus / "train", "--tokenizer", corpus / "spm.model",
@@ -337,6 +355,7 @@ def test_existing_outputs_are_never_overwritten_without_force(data_dir, corpus, 
     assert (tmp_path / "avg.pt").read_bytes() == b"mine"
 
 
+@pytest.mark.integration
 def test_output_paths_that_cannot_be_written(tiny_checkpoint, tmp_path):
     one_error(cli("translate", "-c", tiny_checkpoint, *TRANSLATE, "-o", tmp_path / "nodir" / "out.txt", input=b"a\n"),
               "the directory", "does not exist")
@@ -345,6 +364,7 @@ def test_output_paths_that_cannot_be_written(tiny_checkpoint, tmp_path):
 
 # ---- processes ------------------------------------------------------------------------------
 
+@pytest.mark.system
 def test_stdin_closed_or_a_terminal(tiny_checkpoint, tmp_path, monkeypatch, capsys):
     python = " ".join(PYTHON)
     cmd = (f"{python} translate -c {tiny_checkpoint} {' '.join(TRANSLATE)} <&-; echo status $?; "
@@ -367,6 +387,7 @@ def test_stdin_closed_or_a_terminal(tiny_checkpoint, tmp_path, monkeypatch, caps
     assert "reading from the terminal: type lines, end with Ctrl-D" in capsys.readouterr().err
 
 
+@pytest.mark.system
 def test_sigpipe_ends_quietly_with_status_0(tiny_checkpoint, tmp_path):
     (tmp_path / "in.txt").write_text("a b c\n" * 3000)
     cmd = (" ".join([*PYTHON, "translate", "-c", str(tiny_checkpoint), *TRANSLATE, "--input", str(tmp_path / "in.txt"), "--print-scores"])
@@ -376,6 +397,7 @@ def test_sigpipe_ends_quietly_with_status_0(tiny_checkpoint, tmp_path):
     assert result.stdout.count("\n") == 2 and result.stderr == ""
 
 
+@pytest.mark.unit
 def test_an_unexpected_failure_is_one_line_too(monkeypatch, tmp_path):
     import seqtool.score
 
@@ -413,6 +435,7 @@ def _ctrl_c(proc: subprocess.Popen) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.system
 def test_a_signal_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_path, signum):
     lines = b"".join(b"a b c d e f g h i j %d\n" % (i % 7) for i in range(600_000))
     write_pair(tmp_path, "big", lines, lines)
@@ -440,6 +463,7 @@ def test_a_signal_in_binarize_leaves_nothing_that_looks_complete(corpus, tmp_pat
     assert not out_dir.exists()
 
 
+@pytest.mark.system
 def test_a_binarize_worker_killed_is_an_error_within_seconds_not_a_hang(corpus, tmp_path):
     """SIGKILL (as the OOM killer) of one encoding worker mid-run: one clear line naming it, exit 1,
     nothing written, no worker left. A worker killed while writing its result left half a message
@@ -476,6 +500,7 @@ def test_a_binarize_worker_killed_is_an_error_within_seconds_not_a_hang(corpus, 
     assert _wait_for(lambda: not any(map(process_running, pool)), timeout=30)  # no worker left behind
 
 
+@pytest.mark.integration
 def test_binarize_pool_takes_ctrl_c_only_at_its_checks_and_restores_the_handler(corpus):
     # SIGINT while the pool lives must not raise inside multiprocessing's locking: it is flagged,
     # and the next check (submit / waiting for a result) raises KeyboardInterrupt
@@ -507,6 +532,7 @@ def _children(pid: int) -> list[int]:
         return []
 
 
+@pytest.mark.system
 def test_ctrl_c_in_train_tokenizer_is_answered_at_once_and_keeps_the_previous_model(tmp_path):
     # enough distinct words that sentencepiece's C++ loop runs for a while after reading the text
     words = [f"w{i:05d}x{i % 97}" for i in range(40_000)]
@@ -533,6 +559,7 @@ def test_ctrl_c_in_train_tokenizer_is_answered_at_once_and_keeps_the_previous_mo
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 130)])
+@pytest.mark.system
 def test_a_signal_in_translate_output_keeps_the_previous_file_and_leaves_no_partial(tiny_checkpoint, tmp_path, signum, code):
     out = tmp_path / "out.txt"
     out.write_text("previous translation\n")
@@ -553,6 +580,7 @@ def test_a_signal_in_translate_output_keeps_the_previous_file_and_leaves_no_part
 
 
 @pytest.mark.parametrize("which", ["input", "target", "checkpoint"])
+@pytest.mark.integration
 def test_translate_output_may_not_be_one_of_its_inputs(tiny_checkpoint, tmp_path, which):
     src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
     src.write_text("a b\n")
@@ -566,6 +594,7 @@ def test_translate_output_may_not_be_one_of_its_inputs(tiny_checkpoint, tmp_path
     assert output.read_bytes() == before
 
 
+@pytest.mark.system
 def test_ctrl_c_in_train_saves_a_resumable_checkpoint(data_dir, tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([*PYTHON, "train", str(data_dir), "--save-dir", str(run), *TRAIN],
@@ -580,6 +609,7 @@ def test_ctrl_c_in_train_saves_a_resumable_checkpoint(data_dir, tmp_path):
     assert not [p.name for p in run.iterdir() if ".tmp" in p.name]
 
 
+@pytest.mark.integration
 def test_translate_input_without_newlines_is_refused_not_buffered_without_end(tiny_checkpoint):
     # memory is bounded by a setting, not by the input: 2 MiB and no newline is not a sentence
     result = cli("translate", "-c", tiny_checkpoint, *TRANSLATE, input="ab " * (700 << 10))

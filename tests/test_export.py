@@ -44,6 +44,7 @@ def _random_checkpoint(d: Path, spm: Path, pre_norm: bool) -> Path:
 
 
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.integration
 def test_ctranslate2_decodes_the_export_as_seqtool_does(corpus, pre_norm):
     d, texts, spm = corpus
     ckpt = _random_checkpoint(d, spm, pre_norm)
@@ -81,6 +82,7 @@ def test_ctranslate2_decodes_the_export_as_seqtool_does(corpus, pre_norm):
         torch.testing.assert_close(torch.tensor(result.log_probs), expected, atol=2e-3, rtol=1e-3)  # float32, different kernels
 
 
+@pytest.mark.integration
 def test_refuses_to_overwrite_without_force_and_replaces_only_its_own_output(tiny_checkpoint, tmp_path):
     out = tmp_path / "ct2"
     out.mkdir()
@@ -107,6 +109,7 @@ def _files(directory: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in directory.iterdir()}
 
 
+@pytest.mark.integration
 def test_force_never_deletes_a_file_added_to_an_exported_directory_and_names_it(tiny_checkpoint, tmp_path):
     out = export(tiny_checkpoint, tmp_path / "ct2")
     assert json.loads((out / MARKER).read_text())["files"] == sorted(p.name for p in out.iterdir())  # what it wrote
@@ -129,6 +132,7 @@ def test_force_never_deletes_a_file_added_to_an_exported_directory_and_names_it(
     assert sorted(_files(out)) == sorted(before.keys() - {"notes.txt"})
 
 
+@pytest.mark.integration
 def test_a_failed_export_leaves_nothing_and_keeps_the_old_directory(tiny_checkpoint, tmp_path, monkeypatch):
     import seqtool.export
 
@@ -146,6 +150,7 @@ def test_a_failed_export_leaves_nothing_and_keeps_the_old_directory(tiny_checkpo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]
 
 
+@pytest.mark.integration
 def test_without_ctranslate2_a_one_line_error_says_how_to_install(tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
     result = runner.invoke(app, ["export", str(tiny_checkpoint), str(tmp_path / "out")])
@@ -154,6 +159,7 @@ def test_without_ctranslate2_a_one_line_error_says_how_to_install(tiny_checkpoin
     assert "Traceback" not in result.output and not (tmp_path / "out").exists()
 
 
+@pytest.mark.unit
 def test_export_options_reach_the_library_call(monkeypatch, tmp_path):
     import seqtool.export
 
@@ -169,6 +175,7 @@ def test_export_options_reach_the_library_call(monkeypatch, tmp_path):
     (["--format", "onnx"], "--format must be one of ctranslate2"),
     (["--quantization", "int3"], "--quantization must be one of"),
 ])
+@pytest.mark.integration
 def test_bad_options_are_one_line_errors(tiny_checkpoint, tmp_path, args, message):
     result = runner.invoke(app, ["export", str(tiny_checkpoint), str(tmp_path / "out"), *args])
     assert result.exit_code == 1 and message in result.output

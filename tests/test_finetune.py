@@ -30,6 +30,7 @@ def _job(corpus, save_dir, finetune=None, model="tiny", **train_options):
     return tiny_job(corpus / "bin", save_dir, model, finetune, **train_options)
 
 
+@pytest.mark.integration
 def test_finetune_starts_at_update_0_from_the_checkpoint_weights_and_model(small_corpus, parent, tmp_path):
     # the job asks for the default (small) model: the checkpoint's tiny one is used instead
     trainer = Trainer(_job(small_corpus, tmp_path / "ft", Finetune(parent / "best.pt"), model="small", max_updates=2))
@@ -45,6 +46,7 @@ def test_finetune_starts_at_update_0_from_the_checkpoint_weights_and_model(small
     assert checkpoint.tokenizer_bytes(checkpoint.load(tmp_path / "ft" / "best.pt")) == checkpoint.tokenizer_bytes(source)
 
 
+@pytest.mark.integration
 def test_a_finetune_run_resumes_from_its_own_last_pt(small_corpus, parent, tmp_path):
     train(_job(small_corpus, tmp_path / "ft", Finetune(parent / "last.pt"), max_updates=2))
     result = train(_job(small_corpus, tmp_path / "ft", Finetune(parent / "last.pt"), max_updates=4))
@@ -53,6 +55,7 @@ def test_a_finetune_run_resumes_from_its_own_last_pt(small_corpus, parent, tmp_p
         train(_job(small_corpus, tmp_path / "ft", None, max_updates=6))
 
 
+@pytest.mark.integration
 def test_raw_files_are_binarized_with_the_checkpoint_tokenizer(small_corpus, parent, tmp_path):
     # a new tokenizer of 8000 pieces cannot be trained on this tiny corpus: success means none was
     job = TrainJob(save_dir=tmp_path / "ft", model=model_config_for("small"), optim=OptimConfig(warmup=10),
@@ -64,6 +67,7 @@ def test_raw_files_are_binarized_with_the_checkpoint_tokenizer(small_corpus, par
     assert (tmp_path / "ft" / "data" / "tokenizer.model").read_bytes() == checkpoint.tokenizer_bytes(source)
 
 
+@pytest.mark.integration
 def test_data_binarized_with_another_tokenizer_is_refused(small_corpus, parent, tmp_path):
     spm = train_tokenizer([small_corpus / "train.src", small_corpus / "train.tgt"], str(tmp_path / "other"), TokenizerConfig(vocab_size=24))
     binarize("src", "tgt", [SplitSpec("train", str(small_corpus / "train")), SplitSpec("valid", str(small_corpus / "valid"))], spm, tmp_path / "bin")
@@ -74,6 +78,7 @@ def test_data_binarized_with_another_tokenizer_is_refused(small_corpus, parent, 
     assert not (tmp_path / "ft" / "last.pt").exists()
 
 
+@pytest.mark.integration
 def test_architecture_options_that_disagree_are_refused_dropout_may_change(small_corpus, parent, tmp_path):
     with pytest.raises(ConfigError, match=r"d_model 256 \(checkpoint: 128\)"):
         Trainer(_job(small_corpus, tmp_path / "a", Finetune(parent / "best.pt", {"d_model": 256, "dropout": 0.3})))
@@ -82,11 +87,13 @@ def test_architecture_options_that_disagree_are_refused_dropout_may_change(small
     assert trainer.model_config.dropout == 0.3 and trainer.model_config.d_model == 128
 
 
+@pytest.mark.integration
 def test_missing_finetune_checkpoint_is_a_clear_error(small_corpus, tmp_path):
     with pytest.raises(InputError, match="nope.pt: no such checkpoint"):
         train(_job(small_corpus, tmp_path / "ft", Finetune(tmp_path / "nope.pt")))
 
 
+@pytest.mark.unit
 def test_finetune_option_reaches_the_library_with_the_model_options_given(monkeypatch, tmp_path):
     import seqtool.training.train
 
@@ -101,6 +108,7 @@ def test_finetune_option_reaches_the_library_with_the_model_options_given(monkey
     assert seen[2].finetune is None
 
 
+@pytest.mark.integration
 def test_finetune_with_another_architecture_on_the_command_line_is_one_line(small_corpus, parent, tmp_path):
     result = CliRunner().invoke(app, ["train", str(small_corpus / "bin"), "--save-dir", str(tmp_path / "ft"),
                                       "--finetune", str(parent / "best.pt"), "--arch", "base"])

@@ -30,6 +30,8 @@ from seqtool.data import ParallelDataset
 from seqtool.tokenizer import Tokenizer
 from seqtool.translate import Translator, translate_file
 
+pytestmark = pytest.mark.integration
+
 EXAMPLES = int(os.environ.get("SEQTOOL_FUZZ_EXAMPLES", "20"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 

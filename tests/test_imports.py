@@ -96,11 +96,13 @@ def circles(g: dict[str, set[str]]) -> list[str]:
     return found
 
 
+@pytest.mark.unit
 def test_no_import_circle():
     found = circles(graph())
     assert not found, "import circles: " + "; ".join(found[:5])
 
 
+@pytest.mark.system
 def test_the_translation_path_loads_no_training_module():
     code = "import sys, json, seqtool.translate, seqtool.search, seqtool.ensemble; " \
            "print(json.dumps(sorted(m.partition('.')[2] for m in sys.modules if m.startswith('seqtool.'))))"
@@ -110,6 +112,7 @@ def test_the_translation_path_loads_no_training_module():
     assert not training, f"the translation path imports training modules: {training}"
 
 
+@pytest.mark.unit
 def test_the_contract_catches_a_circle(tmp_path, monkeypatch):
     """The checker itself: a planted a -> b -> a is found."""
     (tmp_path / "a.py").write_text("from . import b\n")
@@ -119,6 +122,7 @@ def test_the_contract_catches_a_circle(tmp_path, monkeypatch):
     assert circles(graph()) == ["a -> b -> a", "b -> a -> b"]
 
 
+@pytest.mark.unit
 def test_only_the_cli_imports_the_subpackages():
     g = graph()
     outside = [f"{m} imports {n}" for m in sorted(g) for n in sorted(g[m])
@@ -126,6 +130,7 @@ def test_only_the_cli_imports_the_subpackages():
     assert not outside, "only cli may import a subpackage: " + "; ".join(outside)
 
 
+@pytest.mark.unit
 def test_every_module_imports_only_the_layers_below_it():
     layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
     g = graph()
@@ -136,6 +141,7 @@ def test_every_module_imports_only_the_layers_below_it():
     assert not upward, "imports against the layers: " + "; ".join(upward)
 
 
+@pytest.mark.unit
 def test_the_contract_resolves_subpackages(tmp_path, monkeypatch):
     """The checker itself on a subpackage: relative imports in and out of it resolve to module names,
     and a module other than cli importing it is caught."""

@@ -11,6 +11,8 @@ from seqtool.config import OptimConfig, TrainConfig, model_config_for
 from seqtool.info import describe
 from seqtool.training.train import TrainJob, train
 
+pytestmark = pytest.mark.integration
+
 runner = CliRunner()
 
 

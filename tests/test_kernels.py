@@ -6,6 +6,8 @@ import torch
 
 from seqtool import kernels as lin
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.skipif(not lin.ONEDNN, reason="this torch build has no oneDNN")
 @pytest.mark.parametrize("shape,n_out,bias", [((7, 16), 24, True), ((3, 5, 16), 40, False), ((2, 4, 64), 8, True)])

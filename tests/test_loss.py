@@ -7,6 +7,8 @@ import torch
 from seqtool.training import loss as loss_mod
 from seqtool.training.loss import label_smoothed_nll
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(params=[1 << 30, 4 * 13 * 64], ids=["one block", "blocks of 64 rows"])
 def blocks(request, monkeypatch):

@@ -10,6 +10,8 @@ from seqtool.training.loss import label_smoothed_nll
 from seqtool.cache import KVCache
 from seqtool.model import MultiHeadAttention, Transformer, sinusoidal_positions
 
+pytestmark = pytest.mark.unit
+
 
 def _src_tgt(batch=3, S=7, T=6, vocab=40):
     g = torch.Generator().manual_seed(1)

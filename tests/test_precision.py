@@ -31,6 +31,7 @@ def batch():
     return src, tgt_in
 
 
+@pytest.mark.unit
 def test_int8_quantizes_every_linear_and_keeps_the_tied_embedding(tiny_checkpoint, batch):
     ckpt = checkpoint.load(tiny_checkpoint)
     fp32 = checkpoint.load_model(ckpt, CPU)
@@ -45,6 +46,7 @@ def test_int8_quantizes_every_linear_and_keeps_the_tied_embedding(tiny_checkpoin
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
+@pytest.mark.unit
 def test_int8_linear_is_the_float_product_within_its_rounding_and_each_row_is_its_own():
     """int8 weights per output channel, activations per row: every output is within the two
     roundings' bound of the float product, and a row's output is bit-equal whatever rows share its
@@ -68,6 +70,7 @@ def test_int8_linear_is_the_float_product_within_its_rounding_and_each_row_is_it
         assert q(x[:0]).shape == (0, 48)
 
 
+@pytest.mark.integration
 def test_bf16_casts_the_weights_once_and_scores_stay_float32(tiny_checkpoint, batch):
     ckpt = checkpoint.load(tiny_checkpoint)
     fp32 = checkpoint.load_model(ckpt, CPU)
@@ -82,6 +85,7 @@ def test_bf16_casts_the_weights_once_and_scores_stay_float32(tiny_checkpoint, ba
 
 
 @pytest.mark.parametrize("precision_name, quantize", [("fp32", "int8"), ("bf16", "none")])
+@pytest.mark.integration
 def test_translations_match_fp32_for_most_lines(tiny_checkpoint, precision_name, quantize):
     lines = ["a b c d", "e f g", "h i j a b", "c", "j i h g f e"]
     ref = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu").translate(lines)
@@ -91,6 +95,7 @@ def test_translations_match_fp32_for_most_lines(tiny_checkpoint, precision_name,
     assert sum(a == b for a, b in zip(ref, got)) >= 3
 
 
+@pytest.mark.unit
 def test_impossible_combinations_are_refused():
     with pytest.raises(ConfigError, match="fp16 needs a CUDA device"):
         precision.check(CPU, "fp16", "none")
@@ -102,12 +107,14 @@ def test_impossible_combinations_are_refused():
         DecodeConfig(quantize="int4")
 
 
+@pytest.mark.integration
 def test_fp16_on_cpu_is_a_one_line_error(tiny_checkpoint):
     result = runner.invoke(app, ["translate", "-c", str(tiny_checkpoint), "--device", "cpu", "--precision", "fp16"], input="a\n")
     assert result.exit_code == 1
     assert "--precision fp16 needs a CUDA device" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.unit
 def test_quantize_option_reaches_the_library_call(monkeypatch):
     import seqtool.translate
 
@@ -118,6 +125,7 @@ def test_quantize_option_reaches_the_library_call(monkeypatch):
     assert (seen["config"].quantize, seen["config"].precision, seen["config"].threads) == ("int8", "auto", 2)  # auto: fp32 with int8
 
 
+@pytest.mark.system
 def test_cli_int8_translates_without_deprecation_noise(tiny_checkpoint):
     result = subprocess.run([sys.executable, "-W", "default", "-m", "seqtool", "translate", "-c", str(tiny_checkpoint),
                              "--beam", "2", "--max-len-b", "5", "--device", "cpu", "--quantize", "int8"],

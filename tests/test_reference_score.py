@@ -27,6 +27,7 @@ def _model(seed):
 
 @pytest.mark.parametrize("members", [1, 2], ids=["model", "ensemble"])
 @pytest.mark.parametrize("lenpen", [1.0, 0.6])
+@pytest.mark.unit
 def test_reference_score_equals_the_beam_score_of_the_same_hypothesis(members, lenpen):
     models = [_model(3 + i) for i in range(members)]
     model = models[0] if members == 1 else Ensemble(models)
@@ -44,6 +45,7 @@ def test_reference_score_equals_the_beam_score_of_the_same_hypothesis(members, l
         assert total / (len(h.tokens) + 1) ** lenpen == pytest.approx(h.score, abs=1e-4)
 
 
+@pytest.mark.unit
 def test_count_lines_counts_as_the_readers_do(tmp_path):
     cases = {b"": 0, b"a": 1, b"a\n": 1, b"a\nb": 2, b"\n\n": 2, b"a\r\nb\rc\n": 2}
     for i, (data, n) in enumerate(cases.items()):
@@ -56,6 +58,7 @@ def _cli(ckpt, *args, stdin=b""):
                           input=stdin, capture_output=True, timeout=120)
 
 
+@pytest.mark.system
 def test_cli_prints_one_scored_reference_per_input_line(tiny_checkpoint, tmp_path):
     (tmp_path / "src.txt").write_text("a b c\nd e\n\nf g h i\n")
     (tmp_path / "ref.txt").write_text("c b a\ne d\nj\n\n")
@@ -78,6 +81,7 @@ def test_cli_prints_one_scored_reference_per_input_line(tiny_checkpoint, tmp_pat
     assert piped.stdout == result.stdout
 
 
+@pytest.mark.system
 def test_unequal_line_counts_are_one_clear_error(tiny_checkpoint, tmp_path):
     (tmp_path / "src.txt").write_text("a\nb\nc\n")
     (tmp_path / "ref.txt").write_text("a\nb\n")
@@ -93,6 +97,7 @@ def test_unequal_line_counts_are_one_clear_error(tiny_checkpoint, tmp_path):
         assert f"<stdin> has {n} lines but {tmp_path / 'ref.txt'} has 2" in result.stderr.decode()
 
 
+@pytest.mark.integration
 def test_api_refuses_unequal_lists(tiny_checkpoint):
     t = Translator.load(tiny_checkpoint, device="cpu", chunk_lines=2)
     with pytest.raises(InputError, match="3 sources but 2 references"):
@@ -107,6 +112,7 @@ def test_api_refuses_unequal_lists(tiny_checkpoint):
     (["--score-reference", "--target", "ref.txt", "--sampling"], "drop --sampling"),
     (["--score-reference", "--target", "absent.txt"], "absent.txt: no such file"),
 ])
+@pytest.mark.integration
 def test_score_reference_option_mistakes(tiny_checkpoint, tmp_path, monkeypatch, args, message):
     from typer.testing import CliRunner
 

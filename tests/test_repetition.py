@@ -15,6 +15,8 @@ from seqtool.model import Transformer
 from seqtool.search import GUARD_LONGEST, RepeatBans, has_loop, search
 from test_search import BOS, EOS, PAD, FakeCache, FakeConfig
 
+pytestmark = pytest.mark.unit
+
 A, B, C = 4, 5, 6
 V = 10
 

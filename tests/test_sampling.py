@@ -11,6 +11,8 @@ from seqtool.reference_score import reference_logprobs
 from seqtool.search import Sampling, SearchOptions, draw, greedy_search, sample, search, uniforms
 from test_search import EOS, NO_EOS, PAD, A, B, ScriptedModel
 
+pytestmark = pytest.mark.unit
+
 UNK = 1  # an ordinary token as far as search is concerned
 
 

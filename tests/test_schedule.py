@@ -21,6 +21,7 @@ def lrs(s: Schedule, horizon: int) -> list[float]:
 
 @pytest.mark.parametrize("name", ["linear", "cosine", "wsd"])
 @pytest.mark.parametrize("warmup", [0, 30, 500, 0.2])
+@pytest.mark.unit
 def test_warmup_then_monotone_decay_to_zero_at_the_horizon(name, warmup):
     s = resolve(OptimConfig(lr=PEAK, warmup=warmup, lr_schedule=name), TrainConfig(max_updates=1000))
     rates = lrs(s, 1000)
@@ -34,6 +35,7 @@ def test_warmup_then_monotone_decay_to_zero_at_the_horizon(name, warmup):
     assert s.lr(1001, 1.0) == 0.0  # the floor is reached at the horizon
 
 
+@pytest.mark.unit
 def test_a_warmup_in_updates_is_clipped_to_a_share_of_the_horizon():
     s = resolve(OptimConfig(lr=PEAK, warmup=4000, lr_schedule="linear"), TrainConfig(max_updates=1000))
     rates = lrs(s, 1000)
@@ -42,6 +44,7 @@ def test_a_warmup_in_updates_is_clipped_to_a_share_of_the_horizon():
     assert lrs(short, 1000).index(max(lrs(short, 1000))) == 9  # a short warmup keeps its length
 
 
+@pytest.mark.unit
 def test_shapes_of_the_decays():
     lin = Schedule("linear", PEAK, 0, 0.0)
     cos = Schedule("cosine", PEAK, 0, 0.0)
@@ -51,6 +54,7 @@ def test_shapes_of_the_decays():
     assert wsd.lr(10, 0.79) == PEAK and wsd.lr(10, 0.9) == pytest.approx(PEAK / 2)
 
 
+@pytest.mark.unit
 def test_inverse_sqrt_is_the_transformer_schedule():
     s = resolve(OptimConfig(lr=PEAK, warmup=100, lr_schedule="inverse-sqrt"), TrainConfig())
     assert s.lr(1, None) == pytest.approx(1e-5)
@@ -58,12 +62,14 @@ def test_inverse_sqrt_is_the_transformer_schedule():
     assert s.lr(400, None) == pytest.approx(PEAK / 2)
 
 
+@pytest.mark.unit
 def test_auto_decays_to_the_horizon_when_there_is_one():
     assert resolve(OptimConfig(), TrainConfig()).name == "inverse-sqrt"
     for limits in (dict(max_updates=10), dict(max_epochs=3), dict(max_time=60.0)):
         assert resolve(OptimConfig(), TrainConfig(**limits)).name == schedule.AUTO_WITH_HORIZON
 
 
+@pytest.mark.unit
 def test_progress_is_the_share_of_whichever_limit_binds_first():
     cfg = TrainConfig(max_updates=1000, max_time=600.0, max_epochs=4)
     assert schedule.progress(cfg, updates=100, seconds=300.0, epochs=1.0) == 0.5  # time binds
@@ -77,6 +83,7 @@ def test_progress_is_the_share_of_whichever_limit_binds_first():
     (dict(warmup=0.1, lr_schedule="inverse-sqrt"), "--warmup 0.1 is a share of the horizon"),
     (dict(warmup=0.1), "--warmup 0.1 is a share of the horizon"),
 ])
+@pytest.mark.unit
 def test_schedules_that_need_a_horizon_are_refused_without_one(options, fragment):
     with pytest.raises(ConfigError, match=fragment):
         resolve(OptimConfig(**options), TrainConfig())
@@ -86,11 +93,13 @@ def test_schedules_that_need_a_horizon_are_refused_without_one(options, fragment
     (dict(lr_schedule="step"), "--lr-schedule must be"), (dict(warmup=1.5), "--warmup is a number of updates"),
     (dict(warmup=-1), "--warmup must be >= 0"),
 ])
+@pytest.mark.unit
 def test_bad_schedule_settings_are_refused(options, fragment):
     with pytest.raises(ConfigError, match=fragment):
         OptimConfig(**options)
 
 
+@pytest.mark.integration
 def test_a_time_budget_decays_with_the_clock_counted_across_resumes(tmp_path, monkeypatch):
     """A fake clock that advances 1 s per reading: the learning rate of each update follows the
     share of --max-time trained, and a resumed run continues from the saved seconds."""

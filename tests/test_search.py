@@ -10,6 +10,8 @@ from seqtool.config import model_config_for
 from seqtool.model import Transformer
 from seqtool.search import SearchOptions, beam_search, greedy_search, search
 
+pytestmark = pytest.mark.unit
+
 PAD, BOS, EOS, A, B = 0, 2, 3, 4, 5
 V = 6
 

@@ -5,6 +5,7 @@ import json
 import os
 import pathlib
 import signal
+import socket
 import sys
 import time
 
@@ -28,6 +29,7 @@ def offline(tiny_checkpoint):
     return offline_translations(tiny_checkpoint)
 
 
+@pytest.mark.system
 def test_sixty_four_concurrent_clients_each_get_their_own_translations_in_order(server, offline):
     """Requests of 1-5 segments from 64 clients at once share the server's batches; every client
     gets, in its order, exactly what offline `seqtool translate` gives for its lines."""
@@ -50,6 +52,7 @@ def test_sixty_four_concurrent_clients_each_get_their_own_translations_in_order(
     assert batched and float(batched[0].split()[-1]) < 64  # fewer model calls than requests: they were batched
 
 
+@pytest.mark.system
 def test_libretranslate_request_and_answer_shapes(server, offline):
     r = httpx.post(f"{server.url}/translate", json={"q": LINES[3], "source": "auto", "target": "tgt"})
     assert r.status_code == 200 and r.json() == {"translatedText": offline[3][0]}
@@ -62,6 +65,7 @@ def test_libretranslate_request_and_answer_shapes(server, offline):
     assert languages[0]["code"] == "src" and languages[0]["targets"] == ["tgt"]
 
 
+@pytest.mark.system
 def test_native_answers_keep_empty_segments_in_place_with_scores(server, offline):
     r = httpx.post(f"{server.url}/v1/translate", json={"segments": [LINES[5], "   ", LINES[6]], "scores": True})
     assert r.status_code == 200
@@ -70,6 +74,7 @@ def test_native_answers_keep_empty_segments_in_place_with_scores(server, offline
     assert all(isinstance(x["score"], float) for x in t)
 
 
+@pytest.mark.system
 def test_sampling_with_a_seed_repeats_whatever_shares_the_batch(server):
     body = {"segments": LINES[:6], "nbest": 3, "sampling": {"topk": 5, "seed": 11}}
     alone = httpx.post(f"{server.url}/v1/translate", json=body).json()
@@ -92,17 +97,20 @@ def test_sampling_with_a_seed_repeats_whatever_shares_the_batch(server):
     (json.dumps({"segments": ["a b c d " * 300]}), 413, "2,400 characters in one request (segments, prefixes, constraints and glossary together); this server takes at most 2,000 (--max-chars)"),
     (json.dumps({"segments": ["a"], "alignment": True}), 400, "started without --alignments"),
 ])
+@pytest.mark.system
 def test_bad_requests_get_their_status_and_one_line_naming_the_problem(server, body, status, words):
     r = httpx.post(f"{server.url}/v1/translate", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == status, r.text
     assert words in r.json()["error"] and "Traceback" not in r.text
 
 
+@pytest.mark.system
 def test_wrong_languages_are_refused_naming_the_model_s(server):
     r = httpx.post(f"{server.url}/translate", json={"q": "a", "source": "de", "target": "tgt"})
     assert r.status_code == 400 and r.json()["error"] == "this model translates src -> tgt; got source 'de', target 'tgt'"
 
 
+@pytest.mark.system
 def test_health_models_and_metrics(server):
     assert httpx.get(f"{server.url}/health").json()["status"] == "ok"
     model = httpx.get(f"{server.url}/v1/models").json()["models"][0]
@@ -120,64 +128,124 @@ def test_health_models_and_metrics(server):
     assert httpx.get(f"{server.url}/openapi.json").json()["paths"].keys() >= {"/translate", "/v1/translate"}
 
 
-def test_a_full_queue_is_503_with_retry_after_and_a_slow_request_504(tiny_checkpoint):
-    """The runner holds the first request's segments for --max-wait-ms (3 s) hoping for company:
-    meanwhile the queue (limit 3) is full, and the request's own --request-timeout (1 s) passes."""
-    s = Server(tiny_checkpoint, "--max-wait-ms", "3000", "--queue-limit", "3", "--request-timeout", "1")
-    try:
-        async def scenario():
-            async with httpx.AsyncClient(base_url=s.url, timeout=30) as http:
-                first = asyncio.create_task(http.post("/v1/translate", json={"segments": LINES[:3]}))
-                await asyncio.sleep(0.3)
-                second = await http.post("/v1/translate", json={"segments": LINES[3:4]})
-                return await first, second
+# The runner decodes a request's segments once --max-wait-ms has passed (or a batch's worth of tokens
+# is queued). The tests below that need segments to stay queued give it 600,000 ms, which never
+# passes during a test, and wait for what the server says (/health's "queue") instead of sleeping
+# and hoping: nothing they check races a timer of theirs against one of the server's.
+NEVER = "600000"
 
-        first, second = asyncio.run(scenario())
+
+def _queue(s: Server) -> int:
+    return httpx.get(f"{s.url}/health", timeout=30).json()["queue"]
+
+
+def _wait_for_queue(s: Server, segments: int, timeout: float = 60.0) -> None:
+    """Until /health says `segments` segments are queued (a generous deadline: a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while (queued := _queue(s)) != segments:
+        assert time.monotonic() < deadline, f"{queued} segments queued after {timeout:g} s, not {segments}"
+        time.sleep(0.02)
+
+
+def _post_and_wait(s: Server, segments: list[str]) -> socket.socket:
+    """A client that sends POST /v1/translate and waits for the answer on a connection of its own;
+    closing the socket is the client going away."""
+    body = json.dumps({"segments": segments}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+    sock.sendall(b"POST /v1/translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    return sock
+
+
+@pytest.fixture(scope="module")
+def patient(tiny_checkpoint):
+    """A server whose runner waits for company longer than any test (a queue of at most 4 segments;
+    --request-timeout 600 s, longer than any wait below, so only a client going away drops a request)."""
+    s = Server(tiny_checkpoint, "--max-wait-ms", NEVER, "--queue-limit", "4", "--request-timeout", "600")
+    yield s
+    try:
+        err = s.stop()
+    finally:
+        s.proc.kill()  # (a no-op once it has stopped; else a request left queued would hold it up to 600 s)
+    assert s.proc.returncode in STOPPED and "Traceback" not in err, err
+
+
+@pytest.mark.system
+def test_a_full_queue_is_503_with_retry_after(patient):
+    """The first request's 4 segments wait in the queue (its limit): the next request is refused at
+    once with 503 and Retry-After, and is not queued."""
+    first = _post_and_wait(patient, LINES[:4])
+    try:
+        _wait_for_queue(patient, 4)
+        second = httpx.post(f"{patient.url}/v1/translate", json={"segments": LINES[4:5]}, timeout=60)
         assert second.status_code == 503 and second.headers["Retry-After"] == "1"
-        assert "the queue is full" in second.json()["error"]
-        assert first.status_code == 504 and "not translated within 1 s" in first.json()["error"]
-        time.sleep(0.2)
-        assert httpx.get(f"{s.url}/health").json()["queue"] == 0  # the timed-out request's segments were dropped
+        assert "the queue is full (4 segments waiting, --queue-limit 4)" in second.json()["error"]
+        assert _queue(patient) == 4
     finally:
-        s.stop()
+        first.close()
+    _wait_for_queue(patient, 0)  # (the next test's way in)
 
 
-def test_a_client_that_goes_away_has_its_segments_dropped(tiny_checkpoint):
-    s = Server(tiny_checkpoint, "--max-wait-ms", "5000")
+@pytest.mark.system
+def test_a_client_that_goes_away_has_its_segments_dropped(patient):
+    """Segments that could only leave the queue by being decoded (after 600 s) or dropped: the
+    client closes its connection and they are dropped."""
+    client = _post_and_wait(patient, LINES[:4])
+    _wait_for_queue(patient, 4)
+    client.close()
+    _wait_for_queue(patient, 0)
+
+
+@pytest.mark.system
+def test_a_request_past_its_timeout_is_504_and_its_segments_dropped(tiny_checkpoint):
+    """--request-timeout (1 s) is the one timer that can fire here: the runner would wait 600 s."""
+    s = Server(tiny_checkpoint, "--max-wait-ms", NEVER, "--request-timeout", "1")
     try:
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"{s.url}/v1/translate", json={"segments": LINES[:4]}, timeout=0.5)  # the client gives up
-        deadline = time.time() + 3  # well before the 5 s the runner would wait
-        while httpx.get(f"{s.url}/health").json()["queue"] and time.time() < deadline:
-            time.sleep(0.05)
-        assert httpx.get(f"{s.url}/health").json()["queue"] == 0
+        r = httpx.post(f"{s.url}/v1/translate", json={"segments": LINES[:3]}, timeout=60)
+        assert r.status_code == 504 and "not translated within 1 s (--request-timeout)" in r.json()["error"]
+        assert _queue(s) == 0  # dropped before the 504 was sent
     finally:
-        s.stop()
+        err = s.stop()
+    assert s.proc.returncode in STOPPED and "Traceback" not in err, err
 
 
+@pytest.mark.system
 def test_sigterm_answers_what_is_in_flight_then_exits(tiny_checkpoint, offline):
-    s = Server(tiny_checkpoint, "--max-wait-ms", "1500")
+    """SIGTERM while a request's segments wait in the queue (for company they would wait ten minutes
+    for): the server stops taking connections at once, decodes what is queued now and answers that
+    request, then exits."""
+    s = Server(tiny_checkpoint, "--max-wait-ms", "600000")
+
+    async def refused() -> bool:
+        try:
+            async with httpx.AsyncClient(timeout=5) as fresh:  # a new connection each time
+                await fresh.get(f"{s.url}/health")
+            return False
+        except httpx.TransportError:
+            return True
 
     async def scenario():
-        async with httpx.AsyncClient(base_url=s.url, timeout=30) as http:
+        async with httpx.AsyncClient(base_url=s.url, timeout=60) as http:
             pending = asyncio.create_task(http.post("/v1/translate", json={"segments": LINES[:2]}))
-            await asyncio.sleep(0.4)  # queued, waiting for company
+            deadline = time.monotonic() + 60
+            while (await http.get("/health")).json()["queue"] != 2:  # queued, waiting for company
+                assert time.monotonic() < deadline and not pending.done()
+                await asyncio.sleep(0.02)
             s.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.3)
-            try:
-                late = (await http.post("/v1/translate", json={"segments": LINES[2:3]}, timeout=5)).status_code
-            except httpx.TransportError:
-                late = "refused"
-            return await pending, late
+            deadline = time.monotonic() + 60
+            while not await refused():
+                assert time.monotonic() < deadline, "still taking connections 60 s after SIGTERM"
+                await asyncio.sleep(0.02)
+            return await pending
 
-    answered, late = asyncio.run(scenario())
-    assert answered.status_code == 200
+    answered = asyncio.run(scenario())
+    assert answered.status_code == 200, answered.text
     assert [t["text"] for t in answered.json()["translations"]] == [offline[0][0], offline[1][0]]
-    assert late in ("refused", 503)
     err = s.stop()
     assert s.proc.returncode in STOPPED and "Traceback" not in err
 
 
+@pytest.mark.system
 def test_target_prefixes_per_segment_as_translate_gives_them(server, tiny_checkpoint):
     from seqtool.translate import Translator
 
@@ -190,6 +258,7 @@ def test_target_prefixes_per_segment_as_translate_gives_them(server, tiny_checkp
     assert r.status_code == 422 and "target_prefix: 1 prefixes for 4 segments" in r.json()["error"]
 
 
+@pytest.mark.system
 def test_constraints_and_a_glossary_per_request_as_translate_keeps_them(server, tiny_checkpoint):
     from seqtool.translate import Translator
 
@@ -229,6 +298,7 @@ def _worker_pids(s: "Server", want: int) -> set:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.system
 def test_workers_share_one_port_each_with_its_own_model_and_stop_together(tiny_checkpoint, offline):
     """--workers 2: two server processes behind one port, the kernel spreading connections; every
     client gets its own translations whichever worker answers; SIGTERM stops both."""
@@ -258,6 +328,7 @@ def test_workers_share_one_port_each_with_its_own_model_and_stop_together(tiny_c
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.system
 def test_a_worker_that_dies_stops_the_others_and_the_server_exits_naming_it(tiny_checkpoint):
     s = Server(tiny_checkpoint, "--workers", "2", "--threads", "1")
     pids = sorted(_worker_pids(s, 2))
@@ -272,6 +343,7 @@ def test_a_worker_that_dies_stops_the_others_and_the_server_exits_naming_it(tiny
     assert not _alive(pids[1])
 
 
+@pytest.mark.unit
 def test_serve_without_its_extra_says_what_to_install(monkeypatch):
     import builtins
 
@@ -290,6 +362,7 @@ def test_serve_without_its_extra_says_what_to_install(monkeypatch):
         serve.require_fastapi()
 
 
+@pytest.mark.system
 def test_alignments_when_the_server_offers_them(tiny_checkpoint):
     s = Server(tiny_checkpoint, "--alignments")
     try:
@@ -306,6 +379,7 @@ def test_alignments_when_the_server_offers_them(tiny_checkpoint):
         s.stop()
 
 
+@pytest.mark.system
 def test_the_page_translates_in_a_real_browser(server, offline):
     """The page at / in headless Chromium (the system's, with its chromedriver; .ci/run installs
     both): a user types two lines, asks for 2 alternatives, presses Translate."""

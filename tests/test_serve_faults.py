@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -37,6 +38,7 @@ def post(server, body, path="/v1/translate", **kwargs):
 
 
 # 1. crossed errors ------------------------------------------------------------------------------------------
+@pytest.mark.system
 def test_a_bad_request_sent_into_the_same_batch_fails_alone(server, offline):
     """Sampling with constraints (which only beam search keeps) beside a good sampling request and a
     good beam request, all within one --max-wait-ms: only the bad one is refused, before queueing."""
@@ -55,6 +57,7 @@ def test_a_bad_request_sent_into_the_same_batch_fails_alone(server, offline):
     assert third.status_code == 200 and [t["text"] for t in third.json()["translations"]] == [offline[i][0] for i in range(3, 6)]
 
 
+@pytest.mark.integration
 def test_a_batch_that_fails_anyway_is_retried_apart_so_only_the_request_at_fault_fails(tiny_checkpoint):
     """The batcher's safety net, with a search that cannot decode one request's segment: the batch
     of three requests fails, each is decoded again alone, only the one at fault gets the error."""
@@ -80,10 +83,11 @@ def test_a_batch_that_fails_anyway_is_retried_apart_so_only_the_request_at_fault
         batcher = Batcher(t, ServeConfig(max_wait_ms=300))
         loop = asyncio.get_running_loop()
         jobs = []
-        for name, lines in texts.items():
-            ids = t.encode(0, lines)
-            segments = [Segment(k, line, i, origin=Origin(line=k, label=f"{name}, segment {k + 1}")) for k, (line, i) in enumerate(zip(lines, ids))]
-            jobs.append(batcher.submit(segments, len(lines), SearchOptions(max_len_b=8), loop, name))
+        with batcher.cond:  # the runner looks at the queue once all three are in: one batch, however slow this is
+            for name, lines in texts.items():
+                ids = t.encode(0, lines)
+                segments = [Segment(k, line, i, origin=Origin(line=k, label=f"{name}, segment {k + 1}")) for k, (line, i) in enumerate(zip(lines, ids))]
+                jobs.append(batcher.submit(segments, len(lines), SearchOptions(max_len_b=8), loop, name))
         results = await asyncio.gather(*(j.done for j in jobs), return_exceptions=True)
         batcher.stop()
         return results
@@ -95,6 +99,7 @@ def test_a_batch_that_fails_anyway_is_retried_apart_so_only_the_request_at_fault
 
 
 # 2. the event loop stays free, limits before work ---------------------------------------------------------------
+@pytest.mark.system
 def test_a_huge_glossary_is_matched_off_the_event_loop(server):
     """100,000 glossary entries (a 2.3 MB body) take seconds to compile and match: in a worker
     thread, while /health keeps answering at once."""
@@ -126,11 +131,13 @@ def test_a_huge_glossary_is_matched_off_the_event_loop(server):
      "3,000,002 characters in one request (segments, prefixes, constraints and glossary together); this server takes at most 3,000,000 (--max-chars)"),
     ({"segments": ["a"], "constraints": [["word"] * 65]}, "constraints of segment 1: 65 phrases; this server takes at most 64 per segment (--max-constraints)"),
 ])
+@pytest.mark.system
 def test_limits_are_checked_before_any_work_and_count_glossary_and_constraints(server, body, words):
     r = post(server, body)
     assert r.status_code == 413 and r.json() == {"error": words}
 
 
+@pytest.mark.system
 def test_a_body_past_the_size_limit_is_refused_unread(tiny_checkpoint):
     """--max-chars 1000: a body over 8x that plus 64 KiB is 413 from its Content-Length alone."""
     s = Server(tiny_checkpoint, "--max-chars", "1000")
@@ -154,16 +161,19 @@ def test_a_body_past_the_size_limit_is_refused_unread(tiny_checkpoint):
     ({"nbest": 20, "sampling": {}}, "nbest 20: this server gives at most 16 hypotheses per segment (--max-nbest)"),
     ({"max_len_b": 1023}, "max_len_b 1023: this server's outputs have at most 512 tokens (--max-len)"),
 ])
+@pytest.mark.system
 def test_a_request_over_a_cap_is_422_naming_the_cap(server, body, words):
     r = post(server, {"segments": ["a b"], **body})
     assert r.status_code == 422 and r.json() == {"error": words}
 
 
+@pytest.mark.system
 def test_libretranslate_alternatives_are_capped_in_its_own_words(server):
     r = post(server, {"q": "a b", "source": "src", "target": "tgt", "alternatives": 16}, path="/translate")
     assert r.status_code == 422 and r.json() == {"error": "alternatives 16: this server gives at most 15 (--max-nbest 16)"}
 
 
+@pytest.mark.unit
 def test_an_abandoned_sentence_leaves_a_running_search_and_the_others_decode_as_before(tiny_model):
     """search's `wanted`: sentence 1 of 3 is abandoned after 2 steps; it stops costing decoder rows at
     once, and the others get what they get without it (greedy, beam and sampling)."""
@@ -197,6 +207,7 @@ def test_an_abandoned_sentence_leaves_a_running_search_and_the_others_decode_as_
         assert rows_cut[2:] == [rows[-1] - per_sentence] * len(rows_cut[2:]), (options, rows_cut, rows)
 
 
+@pytest.mark.integration
 def test_a_timed_out_request_s_segments_leave_the_running_batch(tiny_checkpoint):
     """A request whose --request-timeout fired while its batch was decoding: the batcher cancels it
     and the search drops its rows at the next step (the decoder calls shrink at once)."""
@@ -212,17 +223,23 @@ def test_a_timed_out_request_s_segments_leave_the_running_batch(tiny_checkpoint)
     async def scenario():
         batcher = Batcher(t, ServeConfig(max_wait_ms=50))
         loop = asyncio.get_running_loop()
+        cancelled = threading.Event()
+
+        def cancel_first():
+            batcher.cancel(first)
+            cancelled.set()
 
         def decode(tokens, *args):
             rows.append(tokens.size(0))
             if len(rows) == 3:  # mid-search: the first request's client goes away
-                loop.call_soon_threadsafe(batcher.cancel, first)
-                time.sleep(0.2)  # (the event loop cancels it meanwhile)
+                loop.call_soon_threadsafe(cancel_first)
+                assert cancelled.wait(timeout=60)  # (the event loop cancels it meanwhile)
             return real(tokens, *args)
         t.model.decode = decode
         ids = t.encode(0, LINES[10:12])
-        first = batcher.submit([Segment(0, LINES[10], ids[0], origin=Origin(label="first"))], 1, options, loop, "first")
-        second = batcher.submit([Segment(0, LINES[11], ids[1], origin=Origin(label="second"))], 1, options, loop, "second")
+        with batcher.cond:  # both queued before the runner looks: one batch of two, however slow this is
+            first = batcher.submit([Segment(0, LINES[10], ids[0], origin=Origin(label="first"))], 1, options, loop, "first")
+            second = batcher.submit([Segment(0, LINES[11], ids[1], origin=Origin(label="second"))], 1, options, loop, "second")
         result = await second.done
         batcher.stop()
         return result, first.done.done()
@@ -242,17 +259,20 @@ def test_a_timed_out_request_s_segments_leave_the_running_batch(tiny_checkpoint)
     ('{"segments": ["a"], "beam": 2, "nbest": 3}', "nbest must be between 1 and beam (2), got 3"),
     ("[" * 100_000 + "]" * 100_000, "body: not valid JSON (nested too deeply)"),
 ])
+@pytest.mark.system
 def test_out_of_range_numbers_and_odd_json_are_one_line_never_a_500(server, raw, words):
     r = httpx.post(f"{server.url}/v1/translate", content=raw, headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 422 and set(r.json()) == {"error"} and words in r.json()["error"], r.text
 
 
+@pytest.mark.system
 def test_unknown_paths_and_methods_answer_in_the_one_error_shape(server):
     assert httpx.get(f"{server.url}/nope").json() == {"error": "Not Found"}
     assert httpx.get(f"{server.url}/v1/translate").json() == {"error": "Method Not Allowed"}
 
 
 # 9. a request that can never be queued --------------------------------------------------------------------------
+@pytest.mark.system
 def test_a_request_larger_than_the_queue_is_413_not_a_503_to_retry(server):
     r = post(server, {"segments": LINES[:41]})
     assert r.status_code == 413 and "Retry-After" not in r.headers
@@ -260,6 +280,7 @@ def test_a_request_larger_than_the_queue_is_413_not_a_503_to_retry(server):
 
 
 # 10. LibreTranslate's forms, keys, limits, CORS; nothing about files in /v1/models --------------------------------
+@pytest.mark.system
 def test_libretranslate_forms_are_read_as_its_json(server, offline):
     want = {"translatedText": offline[3][0]}
     assert httpx.post(f"{server.url}/translate", data={"q": LINES[3], "source": "src", "target": "tgt"}).json() == want
@@ -271,6 +292,7 @@ def test_libretranslate_forms_are_read_as_its_json(server, offline):
     assert bad.status_code == 422 and bad.json()["error"].startswith("alternatives: Input should be a valid integer")
 
 
+@pytest.mark.system
 def test_a_real_libretranslate_client_translates_through_the_server(server, offline):
     """libretranslatepy, LibreTranslate's own Python client (it sends forms), unchanged."""
     from libretranslatepy import LibreTranslateAPI
@@ -281,12 +303,14 @@ def test_a_real_libretranslate_client_translates_through_the_server(server, offl
     assert [lang["code"] for lang in client.languages()] == ["src", "tgt"]
 
 
+@pytest.mark.system
 def test_models_say_what_the_model_is_never_where_its_files_are(server, tiny_checkpoint):
     text = httpx.get(f"{server.url}/v1/models").text
     assert str(tiny_checkpoint.parent) not in text and ".pt" not in text and "checkpoints" not in text
     assert re.fullmatch(r"src-tgt-[0-9a-f]{12}", json.loads(text)["models"][0]["id"])
 
 
+@pytest.mark.system
 def test_keys_the_request_limit_and_cors(tiny_checkpoint, tmp_path, offline):
     keys = tmp_path / "keys.txt"
     keys.write_text("\ufeff# who may ask\nsecret-one\n\nsecret-two\n")
@@ -313,6 +337,7 @@ def test_keys_the_request_limit_and_cors(tiny_checkpoint, tmp_path, offline):
         s.stop()
 
 
+@pytest.mark.system
 def test_cors_is_off_by_default(server):
     r = httpx.options(f"{server.url}/translate", headers={"Origin": "https://example.org", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in r.headers
@@ -320,6 +345,7 @@ def test_cors_is_off_by_default(server):
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
 
 
+@pytest.mark.unit
 def test_a_rate_limit_counts_the_last_sixty_seconds():
     from seqtool.serving.access import RateLimit
 
@@ -336,6 +362,7 @@ def _serve(*args, timeout=120):
 
 
 @pytest.mark.parametrize("workers", ["1", "2"])
+@pytest.mark.system
 def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_one_line(tmp_path, tiny_checkpoint, workers):
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(tiny_checkpoint.read_bytes()[:5000])
@@ -346,6 +373,7 @@ def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_one_line(tmp_pat
         assert out.stderr.strip().splitlines()[-1] == errors[0]  # (--workers: after the line saying they started)
 
 
+@pytest.mark.system
 def test_a_busy_port_is_refused_by_a_second_server_with_or_without_workers(tiny_checkpoint):
     first = Server(tiny_checkpoint, "--workers", "2", "--threads", "1")
     try:
@@ -357,6 +385,7 @@ def test_a_busy_port_is_refused_by_a_second_server_with_or_without_workers(tiny_
         first.stop()
 
 
+@pytest.mark.system
 def test_port_0_logs_the_port_it_got(tiny_checkpoint):
     proc = subprocess.Popen([sys.executable, "-m", "seqtool", "serve", "-c", str(tiny_checkpoint), "--port", "0", *FP32],
                             stderr=subprocess.PIPE, text=True)
@@ -372,6 +401,7 @@ def test_port_0_logs_the_port_it_got(tiny_checkpoint):
 
 
 # 12. warnings name the request and the segment -----------------------------------------------------------------------
+@pytest.mark.system
 def test_server_warnings_name_the_request_and_segment(tiny_checkpoint):
     """Warnings name the request (an id and the client) and its segment; a glossary giving a source
     term twice keeps the first, with a warning, as a glossary file does."""

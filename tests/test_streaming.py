@@ -35,12 +35,14 @@ DATA = ("a b\r\n\nc\rd\ne\u2028f\n\x85\n" + "long " * 40 + "\nx\nlast without ne
 
 
 @pytest.mark.parametrize("step", [1, 3, 7, 1 << 16])
+@pytest.mark.unit
 def test_reader_gives_every_line_in_order_whatever_the_reads(step):
     chunks = list(LineReader(Trickle(DATA, step), "<test>").chunks(3))
     assert [line for chunk in chunks for line in chunk] == LINES
     assert all(1 <= len(chunk) <= 3 for chunk in chunks)
 
 
+@pytest.mark.unit
 def test_reader_hands_over_the_lines_before_an_error_then_the_error():
     reader = LineReader(Trickle(b"a\nb\n\xff\nc\n", 1 << 16), "<test>", errors="strict")
     got = []
@@ -50,6 +52,7 @@ def test_reader_hands_over_the_lines_before_an_error_then_the_error():
     assert got == ["a", "b"]
 
 
+@pytest.mark.unit
 def test_reader_translates_what_has_arrived_when_a_pipe_pauses():
     read_end, write_end = os.pipe()
     stream = os.fdopen(read_end, "rb")
@@ -79,6 +82,7 @@ def _rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.integration
 def test_a_million_lines_stream_through_translate_in_bounded_memory(tiny_checkpoint, tmp_path, monkeypatch):
     n = 1_000_000
     source, output = tmp_path / "in.txt", tmp_path / "out.txt"

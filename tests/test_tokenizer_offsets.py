@@ -10,6 +10,8 @@ from hypothesis import given, settings, strategies as st
 from seqtool.config import TokenizerConfig
 from seqtool.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 
+pytestmark = pytest.mark.unit
+
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "bible-es-en"
 EXTRA = ["Grüße aus München, schön und süß.", "Über die Brücke gehen Mädchen.", "Niño, acción, canción, pingüino.",
          "東京は日本の首都です。", "我爱北京天安门。"]

@@ -23,6 +23,7 @@ def _job(data_dir, save_dir, **train):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.integration
 def test_training_writes_self_contained_checkpoints(data_dir, tmp_path, precision):
     result = train(_job(data_dir, tmp_path / "run", max_updates=4, precision=precision, device="cpu"))
     assert result.updates == 4 and result.stopped_by == "max-updates"
@@ -38,6 +39,7 @@ def test_training_writes_self_contained_checkpoints(data_dir, tmp_path, precisio
     assert saved["train"]["precision"] == precision
 
 
+@pytest.mark.integration
 def test_loss_goes_down(data_dir, tmp_path):
     train(_job(data_dir, tmp_path / "run", max_updates=40, validate_interval_updates=20))
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
@@ -46,6 +48,7 @@ def test_loss_goes_down(data_dir, tmp_path):
     assert valid[-1] < first_train - 1.0 and valid[-1] < valid[0]
 
 
+@pytest.mark.integration
 def test_the_heap_is_trimmed_around_each_validation_and_save(data_dir, tmp_path, monkeypatch):
     """CPU training hands free heap pages back just before validating and just after the checkpoint
     is written, whenever the once-a-second trims last ran (the protocol's peak RSS came right there)."""
@@ -64,6 +67,7 @@ def test_the_heap_is_trimmed_around_each_validation_and_save(data_dir, tmp_path,
             assert events[k - 1] == ("trim", True) and events[k + 1:k + 3] == ["save", ("trim", True)]
 
 
+@pytest.mark.integration
 def test_epoch_and_time_limits(data_dir, tmp_path):
     r = train(_job(data_dir, tmp_path / "a", max_epochs=1))
     assert r.stopped_by == "max-epochs" and r.epochs == pytest.approx(1.0)
@@ -71,6 +75,7 @@ def test_epoch_and_time_limits(data_dir, tmp_path):
     assert r.stopped_by == "max-time" and r.updates == 1
 
 
+@pytest.mark.integration
 def test_resume_continues_and_refuses_another_configuration(data_dir, tmp_path):
     train(_job(data_dir, tmp_path / "run", max_updates=3))
     r = train(_job(data_dir, tmp_path / "run", max_updates=5))
@@ -80,6 +85,7 @@ def test_resume_continues_and_refuses_another_configuration(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("schedule", ["linear", "inverse-sqrt"])
+@pytest.mark.integration
 def test_resumed_run_equals_an_uninterrupted_one(data_dir, tmp_path, monkeypatch, schedule):
     """Interrupted in the middle of the decay (update 5 of 8, warmup 2) and resumed with the same
     command: the weights and the learning rates equal those of the run that was never stopped."""
@@ -100,17 +106,20 @@ def test_resumed_run_equals_an_uninterrupted_one(data_dir, tmp_path, monkeypatch
     assert lrs(tmp_path / "twice") == lrs(tmp_path / "once") and len(lrs(tmp_path / "once")) == 8
 
 
+@pytest.mark.integration
 def test_plain_progress_lines_when_stderr_is_not_a_terminal(data_dir, tmp_path, capsys):
     train(_job(data_dir, tmp_path / "run", max_updates=2, log_interval=0.0))
     err = capsys.readouterr().err
     assert "update 1/2" in err and "tok/s" in err and "\x1b[" not in err
 
 
+@pytest.mark.integration
 def test_no_pair_fits_the_budget(data_dir, tmp_path):
     with pytest.raises(InputError, match="no training pair fits --max-tokens 5"):
         train(_job(data_dir, tmp_path / "run", max_tokens=5, max_updates=1))
 
 
+@pytest.mark.integration
 def test_cuda_requested_without_cuda_is_a_clear_error(data_dir, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
@@ -118,6 +127,7 @@ def test_cuda_requested_without_cuda_is_a_clear_error(data_dir, tmp_path):
         train(_job(data_dir, tmp_path / "run", max_updates=1, device="cuda"))
 
 
+@pytest.mark.system
 def test_sigterm_saves_last_checkpoint_and_the_run_resumes(data_dir, tmp_path):
     import os
     import signal

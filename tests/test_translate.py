@@ -10,6 +10,8 @@ from seqtool.config import Sampling, SearchOptions, TranslateConfig
 from seqtool.errors import ConfigError
 from seqtool.translate import Translator, format_translation, settings, translate_file
 
+pytestmark = pytest.mark.system
+
 
 @pytest.fixture(scope="module")
 def translator(tiny_checkpoint):

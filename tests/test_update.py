@@ -55,6 +55,7 @@ def _weights(model) -> dict[str, torch.Tensor]:
 
 
 # ---- fp16 loss scaling -----------------------------------------------------------------------
+@pytest.mark.unit
 def test_fp16_overflow_skips_the_step_backs_off_and_recovers():
     model = _model()
     up = _updater(model, "fp16", init_scale=2.0 ** 100)  # loss x 2^100 overflows float16 gradients
@@ -73,6 +74,7 @@ def test_fp16_overflow_skips_the_step_backs_off_and_recovers():
     assert any(not torch.equal(value, before[name]) for name, value in model.state_dict().items())
 
 
+@pytest.mark.unit
 def test_fp16_scale_grows_after_a_clean_stretch():
     up = _updater(_model(), "fp16")
     up.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
@@ -81,6 +83,7 @@ def test_fp16_scale_grows_after_a_clean_stretch():
     assert up.skipped == 0 and up.scaler.get_scale() == 2.0 ** 9
 
 
+@pytest.mark.unit
 def test_repeated_overflow_stops_with_what_to_change():
     model = _model()
     up = _updater(model, "fp16", clip=0.0, max_overflows=3)
@@ -98,6 +101,7 @@ def test_repeated_overflow_stops_with_what_to_change():
     assert "minimum loss scale" not in message.lower()
 
 
+@pytest.mark.unit
 def test_loss_scale_below_the_floor_stops_too():
     model = _model()
     up = _updater(model, "fp16", init_scale=1.0, min_scale=0.75)
@@ -107,6 +111,7 @@ def test_loss_scale_below_the_floor_stops_too():
         up.step([_batch()], 1 / 24)
 
 
+@pytest.mark.unit
 def test_gradients_are_unscaled_before_clipping():
     # reference: the true gradient norm, float32, no scaling
     ref_model = _model()
@@ -134,6 +139,7 @@ def test_gradients_are_unscaled_before_clipping():
     assert seen["norm"] == pytest.approx(clip, rel=1e-3)
 
 
+@pytest.mark.unit
 def test_micro_batches_accumulate_to_the_update_of_their_concatenation():
     a, b = _batch(1), _batch(2)
     both = tuple(torch.cat([x, y]) for x, y in zip(a, b))
@@ -149,6 +155,7 @@ def test_micro_batches_accumulate_to_the_update_of_their_concatenation():
 
 
 # ---- choices made for the device -------------------------------------------------------------
+@pytest.mark.unit
 def test_precision_auto_resolves_per_device(monkeypatch):
     from seqtool import device as device_module
 
@@ -165,6 +172,7 @@ def test_precision_auto_resolves_per_device(monkeypatch):
         device_module.resolve_precision("bf16", cuda, "train")
 
 
+@pytest.mark.integration
 def test_precision_auto_trains_in_what_this_cpu_runs_fast(data_dir, tmp_path, capsys):
     from seqtool.device import cpu_bf16_instructions
 
@@ -175,6 +183,7 @@ def test_precision_auto_trains_in_what_this_cpu_runs_fast(data_dir, tmp_path, ca
     assert f"--precision auto: {saved['train']['precision']} (this CPU" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_optimizer_is_adamw_with_one_fused_or_foreach_kernel(monkeypatch):
     model = _model()
     opt = update.build_optimizer(model.parameters(), OptimConfig(weight_decay=0.01))
@@ -211,6 +220,7 @@ def _linear_output_dtypes(monkeypatch, run) -> set:
     return seen
 
 
+@pytest.mark.unit
 def test_autocast_keeps_fp32_master_weights(monkeypatch):
     # the CUDA scheme (autocast), exercised on CPU: bf16 computation, float32 weights and state
     monkeypatch.setattr(update, "activation_dtype", lambda device, precision: None)
@@ -221,6 +231,7 @@ def test_autocast_keeps_fp32_master_weights(monkeypatch):
     assert all(s["exp_avg"].dtype == torch.float32 for s in up.optimizer.state.values())
 
 
+@pytest.mark.unit
 def test_cpu_bf16_trains_bf16_activations_on_float32_master_weights(monkeypatch):
     assert update.activation_dtype(CPU, "bf16") == torch.bfloat16
     assert update.activation_dtype(CPU, "fp32") is None
@@ -254,6 +265,7 @@ def test_cpu_bf16_trains_bf16_activations_on_float32_master_weights(monkeypatch)
 
 
 # ---- --compile falls back to eager ---------------------------------------------------------
+@pytest.mark.integration
 def test_compile_unavailable_falls_back_to_eager(monkeypatch, data_dir, tmp_path, capsys):
     def unavailable(*args, **kwargs):
         raise RuntimeError("torch.compile is not supported on this platform")
@@ -265,6 +277,7 @@ def test_compile_unavailable_falls_back_to_eager(monkeypatch, data_dir, tmp_path
     assert "warning: --compile: torch.compile is not available here" in err and "not supported on this platform" in err
 
 
+@pytest.mark.unit
 def test_compile_failing_at_the_first_call_falls_back_to_eager(monkeypatch):
     calls = []
 
@@ -286,6 +299,7 @@ def test_compile_failing_at_the_first_call_falls_back_to_eager(monkeypatch):
         assert torch.equal(value, eager_model.state_dict()[name]), name
 
 
+@pytest.mark.unit
 def test_errors_after_a_successful_compiled_call_are_not_swallowed(monkeypatch):
     state = {"n": 0}
 
@@ -309,6 +323,7 @@ def _oom(*args, **kwargs):
     raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
 
+@pytest.mark.integration
 def test_out_of_memory_says_what_to_lower(monkeypatch, data_dir, tmp_path):
     monkeypatch.setattr(update.Updater, "step", _oom)
     with pytest.raises(update.OutOfMemory) as info:
@@ -320,6 +335,7 @@ def test_out_of_memory_says_what_to_lower(monkeypatch, data_dir, tmp_path):
     assert "Tried to allocate" not in message
 
 
+@pytest.mark.integration
 def test_out_of_memory_is_one_line_on_the_command_line(monkeypatch, data_dir, tmp_path):
     monkeypatch.setattr(update.Updater, "step", _oom)
     result = CliRunner().invoke(app, ["train", str(data_dir), "--save-dir", str(tmp_path / "run"), "--arch", "tiny",
@@ -332,6 +348,7 @@ def test_out_of_memory_is_one_line_on_the_command_line(monkeypatch, data_dir, tm
 
 
 # ---- the command line ------------------------------------------------------------------------
+@pytest.mark.unit
 def test_train_cli_passes_the_scaling_options(monkeypatch, tmp_path):
     import seqtool.training.train
 
@@ -359,6 +376,7 @@ def test_train_cli_passes_the_scaling_options(monkeypatch, tmp_path):
     (dict(dist_timeout=0), "--dist-timeout must be > 0"),
     (dict(precision="fp8"), "--precision must be auto, fp32, bf16 or fp16"),
 ])
+@pytest.mark.unit
 def test_bad_scaling_options_are_refused(options, fragment):
     with pytest.raises(ConfigError, match=fragment):
         TrainConfig(**options)

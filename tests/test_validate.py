@@ -45,6 +45,7 @@ def _script(monkeypatch, values):
     return calls
 
 
+@pytest.mark.system
 def test_eval_bleu_hypotheses_are_what_translate_gives(small_corpus, tmp_path, monkeypatch):
     real = seqtool.training.validate.evaluate
     seen = []
@@ -66,6 +67,7 @@ def test_eval_bleu_hypotheses_are_what_translate_gives(small_corpus, tmp_path, m
     assert last["bleu"] == pytest.approx(bleu.score) and last["chrf"] == pytest.approx(chrf.score)
 
 
+@pytest.mark.integration
 def test_valid_log_line_and_metrics_show_bleu_and_chrf(small_corpus, tmp_path, capsys):
     train(_job(small_corpus, tmp_path / "run", max_updates=2, eval_bleu=True, eval_bleu_max_len_b=5))
     err = capsys.readouterr().err
@@ -76,6 +78,7 @@ def test_valid_log_line_and_metrics_show_bleu_and_chrf(small_corpus, tmp_path, c
     assert record["best_metric"] == "loss" and record["best"] == pytest.approx(record["loss"])
 
 
+@pytest.mark.integration
 def test_without_eval_bleu_validation_decodes_nothing(small_corpus, tmp_path, capsys):
     train(_job(small_corpus, tmp_path / "run", max_updates=1))
     record = _records(tmp_path / "run")[-1]
@@ -84,6 +87,7 @@ def test_without_eval_bleu_validation_decodes_nothing(small_corpus, tmp_path, ca
 
 
 @pytest.mark.parametrize("metric, best_update", [("bleu", 3), ("chrf", 3), ("loss", 2)])
+@pytest.mark.integration
 def test_best_metric_picks_best_pt(small_corpus, tmp_path, monkeypatch, metric, best_update):
     # loss prefers the 2nd validation, bleu and chrf the 3rd
     calls = _script(monkeypatch, [(3.0, 10.0), (2.0, 5.0), (2.5, 20.0)])
@@ -96,6 +100,7 @@ def test_best_metric_picks_best_pt(small_corpus, tmp_path, monkeypatch, metric, 
     assert _records(tmp_path / "run")[-1]["best"] == expected
 
 
+@pytest.mark.unit
 def test_best_metric_bleu_needs_eval_bleu():
     with pytest.raises(ConfigError, match="--best-metric bleu needs --eval-bleu"):
         TrainConfig(best_metric="bleu")
@@ -103,6 +108,7 @@ def test_best_metric_bleu_needs_eval_bleu():
         TrainConfig(best_metric="ter", eval_bleu=True)
 
 
+@pytest.mark.integration
 def test_patience_stops_after_n_validations_without_improvement(small_corpus, tmp_path, monkeypatch):
     _script(monkeypatch, [(3.0, None), (2.0, None), (2.5, None), (2.0, None), (2.7, None), (1.0, None)])
     result = train(_job(small_corpus, tmp_path / "run", max_updates=50, validate_interval_updates=1, patience=3))
@@ -112,6 +118,7 @@ def test_patience_stops_after_n_validations_without_improvement(small_corpus, tm
     assert checkpoint.load(tmp_path / "run" / "best.pt")["updates"] == 2
 
 
+@pytest.mark.integration
 def test_resume_continues_the_patience_count(small_corpus, tmp_path, monkeypatch):
     _script(monkeypatch, [(3.0, None), (2.0, None), (2.5, None)])
     first = train(_job(small_corpus, tmp_path / "run", max_updates=3, validate_interval_updates=1, patience=3))
@@ -123,6 +130,7 @@ def test_resume_continues_the_patience_count(small_corpus, tmp_path, monkeypatch
     assert second.stopped_by == "patience" and second.updates == 5
 
 
+@pytest.mark.unit
 def test_early_stopping_directions_and_nan():
     state = TrainingState()
     bleu = EarlyStopping("bleu", 2, state)
@@ -137,6 +145,7 @@ def test_early_stopping_directions_and_nan():
     assert math.isnan(ValidResult(1.0, 1.0).value("bleu"))
 
 
+@pytest.mark.integration
 def test_tensorboard_event_files_hold_train_and_valid_scalars(small_corpus, tmp_path):
     pytest.importorskip("tensorboard")  # an optional extra; installed in the test environment
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -154,18 +163,21 @@ def test_tensorboard_event_files_hold_train_and_valid_scalars(small_corpus, tmp_
     assert [e.step for e in acc.Scalars("valid/loss")] == [2]
 
 
+@pytest.mark.unit
 def test_missing_tensorboard_is_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as when not installed
     with pytest.raises(ConfigError, match=r"pip install 'seqtool\[tensorboard\]'"):
         MetricsLog(tmp_path / "metrics.jsonl", tmp_path / "tb")
 
 
+@pytest.mark.unit
 def test_metrics_jsonl_writes_null_for_undefined_numbers(tmp_path):
     log = MetricsLog(tmp_path / "m.jsonl")
     log.write({"kind": "valid", "update": 1, "loss": float("nan"), "best": float("inf")})
     assert json.loads((tmp_path / "m.jsonl").read_text()) == {"kind": "valid", "update": 1, "loss": None, "best": None}
 
 
+@pytest.mark.unit
 def test_validation_options_reach_the_library_call(monkeypatch, tmp_path):
     import seqtool.training.train
 
@@ -181,6 +193,7 @@ def test_validation_options_reach_the_library_call(monkeypatch, tmp_path):
     assert t.tensorboard_dir == str(tmp_path / "tb") and seen["job"].finetune is None
 
 
+@pytest.mark.unit
 def test_validation_settings_come_from_a_config_file_too(monkeypatch, tmp_path):
     import seqtool.training.train
 
@@ -193,11 +206,13 @@ def test_validation_settings_come_from_a_config_file_too(monkeypatch, tmp_path):
     assert (t.eval_bleu, t.best_metric, t.patience) == (True, "bleu", 5)
 
 
+@pytest.mark.unit
 def test_best_metric_without_eval_bleu_is_a_one_line_error(tmp_path):
     result = CliRunner().invoke(app, ["train", "data", "--save-dir", str(tmp_path / "run"), "--best-metric", "bleu"])
     assert result.exit_code == 1 and "needs --eval-bleu" in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.integration
 def test_eval_bleu_needs_a_valid_split(small_corpus, tmp_path):
     from seqtool.binarize import SplitSpec, binarize
     from seqtool.textio import InputError
@@ -210,6 +225,7 @@ def test_eval_bleu_needs_a_valid_split(small_corpus, tmp_path):
         train(job)
 
 
+@pytest.mark.integration
 def test_validation_leaves_the_random_state_alone(small_corpus, tmp_path):
     """Exact resume needs validation (with decoding) to draw no random numbers."""
     from seqtool.training.train import Trainer
@@ -220,6 +236,7 @@ def test_validation_leaves_the_random_state_alone(small_corpus, tmp_path):
     assert torch.equal(before, torch.get_rng_state()) and trainer.model.training
 
 
+@pytest.mark.integration
 def test_a_run_resumed_at_an_epoch_end_does_not_validate_that_point_again(small_corpus, tmp_path, monkeypatch):
     from seqtool.data import ParallelDataset, epoch_batches
 

@@ -106,11 +106,16 @@ class Batcher:
             self.cancels += 1
             self.pending = deque(q for q in self.pending if q.request is not request)
 
-    def stop(self) -> None:
-        """Decode what is queued, then end the runner."""
+    def drain(self) -> None:
+        """The server is stopping (SIGTERM): decode what is queued now, without waiting for company;
+        take nothing new; the runner ends once the queue is empty."""
         with self.cond:
             self.stopping = True
             self.cond.notify()
+
+    def stop(self) -> None:
+        """Decode what is queued, then end the runner."""
+        self.drain()
         self.thread.join()
 
     def _take(self) -> list[_Queued]:

@@ -58,8 +58,15 @@ def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, option
     config = config.replace(port=sock.getsockname()[1])
     try:
         app = create_app(checkpoints, decode, options, config)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.request_timeout) + 5))
         service = app.state.service
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig, frame):  # SIGTERM, Ctrl-C: what is queued is decoded now, not after --max-wait-ms
+                if service.batcher is not None:
+                    service.batcher.drain()
+                super().handle_exit(sig, frame)
+
+        server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.request_timeout) + 5))
 
         def stop() -> None:
             server.should_exit = True
