@@ -88,7 +88,7 @@ def align_hypotheses(model, src: Tensor, hyps: Sequence[Sequence], layer: int = 
     which = torch.tensor([b for b, _ in rows], device=src.device)
     sources = src.index_select(0, which)  # (R, S) one source row per hypothesis
     src_lens = (sources.ne(c.pad_id) & sources.ne(c.eos_id)).sum(1).tolist()  # (R,) without EOS/padding
-    weights = force_decode(model, sources, tgt_in.to(src.device)).cross[index]  # (R, H, T, S)
+    weights = model.cross_weights(sources, tgt_in.to(src.device), index).float()  # (R, H, T, S)
     for r, (b, tokens) in enumerate(rows):
         out[b].append(hard_alignment(weights[r], src_lens[r], len(tokens)))
     return out

@@ -360,6 +360,16 @@ class Transformer(nn.Module):
         x = self.decoder_norm(x)
         return (x, self_w, cross_w) if need_weights else x
 
+    def cross_weights(self, src: Tensor, tgt_in: Tensor, layer: int) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> the encoder-decoder attention weights (B, H, T, S) of decoder
+        layer `layer` (0-based), computing no more than they need: the encoder on its fast path and
+        the decoder up to that layer, whose attention alone takes the explicit path (alignments)."""
+        memory, src_pad = self.encode(src)
+        x = self._embed(self.tgt_embed, tgt_in)
+        for i, block in enumerate(self.decoder[: layer + 1]):
+            x, _, weights = block(x, memory, src_pad, None, i, need_weights=i == layer)
+        return weights
+
     def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None) -> Tensor:
         """Logits (B, T, V) for the next token after each position of tgt_in."""
         return linear(self.decode_features(tgt_in, memory, src_pad, cache), self.output)

@@ -67,6 +67,16 @@ def test_weights_times_values_reproduce_the_fused_attention_of_every_layer(tiny_
 
 
 @pytest.mark.unit
+def test_one_layers_cross_weights_alone_are_those_of_the_full_forced_pass(tiny_model):
+    # alignments take model.cross_weights: the encoder on its fast path, the decoder up to the layer
+    src, tgt_in = _batch()
+    with torch.no_grad():
+        full = force_decode(tiny_model, src, tgt_in)
+        for layer in range(tiny_model.config.decoder_layers):
+            torch.testing.assert_close(tiny_model.cross_weights(src, tgt_in, layer), full.cross[layer], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.unit
 def test_masked_positions_get_exactly_zero(tiny_model):
     src, tgt_in = _batch()
     weights = force_decode(tiny_model, src, tgt_in)
