@@ -180,6 +180,21 @@ class _ArrayWriter:
             path.unlink(missing_ok=True)
 
 
+def write_split(out_dir: Path, split: str, lang: str, seqs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[int, int]:
+    """One side of one split (SPLIT.LANG.bin/.idx) in out_dir from token id sequences, written under
+    temp names and then renamed; returns its lines and tokens."""
+    writer = _ArrayWriter(*shard_paths(out_dir, split, lang), dtype)
+    try:
+        for at in range(0, len(seqs), 4096):
+            writer.add(seqs[at: at + 4096])
+        writer.close()
+        writer.commit()
+    except BaseException:
+        writer.discard()
+        raise
+    return writer.lines, writer.total
+
+
 def binarize(
     src_lang: str, tgt_lang: str, splits: Sequence[SplitSpec], tokenizer_path: Path, out_dir: Path,
     workers: int = 1, errors: str = "strict", force: bool = False,

@@ -233,6 +233,18 @@ def tokenizer_bytes(ckpt: dict[str, Any]) -> bytes:
     return ckpt["tokenizer"].numpy().tobytes()
 
 
+def recorded_decoding(path: Path) -> dict[str, Any]:
+    """The decoding defaults a checkpoint records (configs["decoding"], e.g. a distilled student's
+    beam 1), read without reading its weights (memory-mapped, unverified: the load that follows
+    verifies). {} for a file that records none or that cannot be read here (the load says why)."""
+    try:
+        ckpt = torch.load(Path(path), map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - the real load reports what is wrong with the file
+        return {}
+    recorded = (ckpt.get("configs") or {}).get("decoding") if isinstance(ckpt, dict) else None
+    return dict(recorded) if isinstance(recorded, dict) else {}
+
+
 def load_model(ckpt: dict[str, Any], device: Optional[torch.device] = None):
     """Rebuild the Transformer from the checkpoint alone."""
     from .model import Transformer

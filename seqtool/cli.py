@@ -97,7 +97,7 @@ def train(
     data_dir: Annotated[Optional[Path], typer.Argument(help="DATA_DIR from binarize (or give raw files with --src/--tgt/--train/--valid).")] = None,
     *,
     save_dir: Annotated[Path, typer.Option("--save-dir", help="Where last.pt, best.pt, config.json and metrics.jsonl go.")],
-    arch: Annotated[Optional[str], typer.Option("--arch", help="tiny, small, base or big [default: small].")] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="tiny, small, base, big, or student (a deep encoder and a shallow decoder, for distillation) [default: small].")] = None,
     config_file: Annotated[Optional[Path], typer.Option("--config", help="TOML file with model, optim and train tables (and an arch key); options given here win.")] = None,
     max_tokens: MaxTokens = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
@@ -121,6 +121,8 @@ def train(
     keep_last: Annotated[Optional[int], typer.Option("--keep-last", help="Keep the newest K copies checkpoint_u<UPDATES>.pt written every --save-interval-updates.")] = None,
     tensorboard_dir: Annotated[Optional[Path], typer.Option("--tensorboard", help="Also log to TensorBoard in this directory (pip install 'seqtool[tensorboard]').")] = None,
     finetune: Annotated[Optional[Path], typer.Option("--finetune", help="Start from this checkpoint's weights, model and tokenizer, with fresh optimizer, schedule and progress.")] = None,
+    teacher: Annotated[Optional[list[Path]], typer.Option("--teacher", help="Distil this checkpoint (repeat for an ensemble): train on its translations of the training source (beam search as translate does it; cached in SAVE_DIR/distill, its time apart from --max-time). The checkpoint then decodes greedily by default.")] = None,
+    distill_original: Annotated[bool, typer.Option("--distill-original", help="With --teacher: train on the original targets too (each source twice).")] = False,
     precision: Annotated[Optional[str], typer.Option("--precision", help="auto (bf16 on GPUs and CPUs with bfloat16 arithmetic: AVX512-BF16 or AMX; fp16 on older GPUs; else fp32), fp32, bf16 or fp16 (with loss scaling) [default: auto].")] = None,
     device: Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or cuda:N [default: auto].")] = None,
     seed: Annotated[Optional[int], typer.Option("--seed", help="[default: 1]")] = None,
@@ -167,8 +169,15 @@ def train(
         raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size, input_sentence_size=input_sentence_size), workers)
     elif train_prefix or valid_prefix:
         raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
+    spec = None
+    if teacher:
+        from .training.distill import Distill
+
+        spec = Distill(tuple(teacher), distill_original)
+    elif distill_original:
+        raise ConfigError("--distill-original mixes the original targets into a --teacher's translations; add --teacher")
     job = TrainJob(save_dir=save_dir, model=settings.model, optim=settings.optim, train=settings.train, data_dir=data_dir,
-                   raw=raw, force=force, finetune=tune)
+                   raw=raw, force=force, finetune=tune, distill=spec)
     result = run(job)
     from .training.distributed import environment
 
@@ -179,6 +188,7 @@ def train(
         f"{result.updates} updates, {result.epochs:.2f} epochs in {result.train_seconds:.0f}s "
         f"({result.tokens_per_second:,.0f} target tokens/s); best valid loss {result.best_valid_loss:.3f}{best}; "
         f"stopped by {result.stopped_by}; checkpoints in {result.save_dir}"
+        + (f"; the teachers' pass took {result.distill_seconds:.0f}s more" if result.distill_seconds else "")
         + (f"; {result.skipped_too_long} pairs skipped as too long" if result.skipped_too_long else ""),
         err=True,
     )
@@ -194,9 +204,18 @@ def _default(cls, name: str):
     return field_info(cls, name)["default"]
 
 
+def _given(ctx: typer.Context, values: dict) -> dict:
+    """The values of the options given on the command line: the others take their defaults, or the
+    checkpoint's recorded decoding defaults (translate.settings)."""
+    # (by name: the enum is click's, or the copy of it that newer typer releases carry)
+    return {k: v for k, v in values.items()
+            if getattr(ctx.get_parameter_source(k), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
+
+
 @app.command()
 @handles_user_errors
 def translate(
+    ctx: typer.Context,
     *,
     checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="best.pt or last.pt from seqtool train; give it several times for an ensemble (probabilities averaged).")],
     input: Annotated[Optional[Path], typer.Option("--input", "-i", help="Read this file instead of stdin.")] = None,
@@ -234,15 +253,14 @@ def translate(
     format: Annotated[str, _option(TranslateConfig, "format")] = _default(TranslateConfig, "format"),
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
-    from .translate import settings, translate_file
+    from .translate import recorded_defaults, settings, translate_file
 
-    config, options = settings(max_tokens=max_tokens, batch_size=batch_size, alignment_layer=alignment_layer, device=device,
-                               precision=precision, quantize=quantize, threads=threads, workers=workers, beam=beam,
-                               lenpen=lenpen, nbest=nbest, max_len_a=max_len_a, max_len_b=max_len_b, sampling=sampling,
-                               no_repeat_ngram_size=no_repeat_ngram_size, loop_guard=loop_guard,
-                               **({"topk": topk, "topp": topp, "temperature": temperature, "seed": seed} if sampling else
-                                  {k: v for k, v in (("topk", topk), ("topp", topp), ("temperature", temperature))
-                                   if v != _default(Sampling, k)}))
+    # the options given on the command line, over the checkpoint's recorded decoding defaults (a student's beam 1)
+    config, options = settings(recorded=recorded_defaults(checkpoint), **_given(ctx, dict(
+        max_tokens=max_tokens, batch_size=batch_size, alignment_layer=alignment_layer, device=device, precision=precision,
+        quantize=quantize, threads=threads, workers=workers, beam=beam, lenpen=lenpen, nbest=nbest, max_len_a=max_len_a,
+        max_len_b=max_len_b, sampling=sampling, no_repeat_ngram_size=no_repeat_ngram_size, loop_guard=loop_guard,
+        topk=topk, topp=topp, temperature=temperature, seed=seed)))
     io = TranslateConfig(print_scores=print_scores, print_alignment=print_alignment, errors=errors, score_reference=score_reference,
                          **{k: str(v) if v is not None else "" for k, v in (("target", target), ("target_prefix", target_prefix),
                                                                             ("constraints", constraints), ("glossary", glossary))},
@@ -273,6 +291,7 @@ def _serve_default(name: str):
 @app.command()
 @handles_user_errors
 def serve(
+    ctx: typer.Context,
     *,
     checkpoint: Annotated[list[Path], typer.Option("--checkpoint", "-c", help="best.pt from seqtool train; several for an ensemble.")],
     host: Annotated[str, _serve_option("host")] = _serve_default("host"),
@@ -306,9 +325,13 @@ def serve(
     threads: Annotated[int, _option(DecodeConfig, "threads")] = _default(DecodeConfig, "threads"),
 ):
     """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
-    decode = DecodeConfig(batch_size=batch_size, device=device, precision=precision, quantize=quantize, threads=threads)
-    options = SearchOptions(beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b,
-                            no_repeat_ngram_size=no_repeat_ngram_size, loop_guard=loop_guard)
+    from .translate import recorded_defaults, settings
+
+    # the options given on the command line, over the checkpoint's recorded decoding defaults (a student's beam 1)
+    decode, options = settings(recorded=recorded_defaults(checkpoint), **_given(ctx, dict(
+        batch_size=batch_size, device=device, precision=precision, quantize=quantize, threads=threads, beam=beam,
+        lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, no_repeat_ngram_size=no_repeat_ngram_size,
+        loop_guard=loop_guard)))
     config = ServeConfig(host=host, port=port, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                          queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
                          max_beam=max_beam, max_nbest=max_nbest, max_len=max_len, max_glossary=max_glossary,

@@ -208,6 +208,10 @@ PRESETS: dict[str, dict[str, int]] = {
     "small": dict(d_model=256, n_heads=4, d_ff=1024, encoder_layers=3, decoder_layers=3),
     "base": dict(d_model=512, n_heads=8, d_ff=2048, encoder_layers=6, decoder_layers=6),
     "big": dict(d_model=1024, n_heads=16, d_ff=4096, encoder_layers=6, decoder_layers=6),
+    # a distillation student (train --teacher): small's width, a deep encoder, a shallow decoder (Kasai et al.,
+    # ICLR 2021, "Deep Encoder, Shallow Decoder"): the encoder runs once per sentence, the decoder at every
+    # output token. The shape is bench/students.py's measurement (bench/results.md, "students").
+    "student": dict(d_model=256, n_heads=4, d_ff=1024, encoder_layers=6, decoder_layers=2),
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
@@ -83,6 +83,30 @@ class ParallelDataset:
 
     def __len__(self) -> int:
         return len(self.src)
+
+    @classmethod
+    def joined(cls, parts: Sequence["ParallelDataset"]) -> "ParallelDataset":
+        """The pairs of `parts` one after another, read as one dataset (training on two target
+        sides of one source: a teacher's translations and the references)."""
+        out = cls.__new__(cls)
+        out.src, out.tgt = _Joined([p.src for p in parts]), _Joined([p.tgt for p in parts])
+        return out
+
+
+class _Joined:
+    """Token arrays one after another, read as one (sequence i of the whole)."""
+
+    def __init__(self, arrays: Sequence[TokenArray]):
+        self.arrays = list(arrays)
+        self.lengths = np.concatenate([a.lengths for a in self.arrays])  # (N,)
+        self.starts = np.cumsum([0] + [len(a) for a in self.arrays])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.arrays[k][int(i - self.starts[k])]
 
 
 def length_profile(lengths: np.ndarray) -> dict[str, int]:

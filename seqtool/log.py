@@ -39,10 +39,11 @@ def stderr_is_terminal() -> bool:
 
 
 class Progress:
-    """Training progress: a rich bar on a terminal, else one plain line every `interval` seconds."""
+    """Progress of a long pass (training; distillation): a rich bar with its ETA on a terminal, else one
+    plain line every `interval` seconds."""
 
-    def __init__(self, total: Optional[float], unit: str, interval: float = 10.0, enabled: bool = True):
-        self.total, self.unit, self.interval = total, unit, interval
+    def __init__(self, total: Optional[float], unit: str, interval: float = 10.0, enabled: bool = True, label: str = "train"):
+        self.total, self.unit, self.interval, self.label = total, unit, interval, label
         self.enabled = enabled and _is_rank0()
         self.live = self.enabled and stderr_is_terminal()
         self._last = 0.0
@@ -51,10 +52,10 @@ class Progress:
             from rich.progress import BarColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
 
             self._bar = RichProgress(
-                TextColumn("[bold]train"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                TextColumn(f"[bold]{label}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                 TimeRemainingColumn(), TextColumn("{task.fields[stats]}"), console=console, transient=False,
             )
-            self._task = self._bar.add_task("train", total=total or None, stats="")
+            self._task = self._bar.add_task(label, total=total or None, stats="")
             self._bar.start()
 
     def update(self, done: float, stats: str) -> None:
@@ -67,7 +68,7 @@ class Progress:
         if now - self._last >= self.interval:
             self._last = now
             of = f"/{self.total:.0f}" if self.total else ""
-            console.print(f"{self.unit} {done:.0f}{of} | {stats}", markup=False)
+            console.print(f"{'' if self.label == 'train' else self.label + ': '}{self.unit} {done:.0f}{of} | {stats}", markup=False)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -37,10 +37,19 @@ __all__ = ["Translator", "Translation", "translate_file", "format_translation", 
 
 
 def settings(config: Optional[DecodeConfig] = None, options: Optional[SearchOptions] = None,
-             **changes: Any) -> tuple[DecodeConfig, SearchOptions]:
+             recorded: Optional[dict[str, Any]] = None, **changes: Any) -> tuple[DecodeConfig, SearchOptions]:
     """A process's DecodeConfig and its default SearchOptions from keyword settings, each sent to the
     config that has the field: `beam=5, device="cpu", sampling=True, topk=10`. sampling: True (with
-    topk/topp/temperature/seed), False or a Sampling; print_alignment is alignments."""
+    topk/topp/temperature/seed), False or a Sampling; print_alignment is alignments. recorded: the
+    checkpoint's decoding defaults (checkpoint.recorded_decoding), under the changes: a setting that
+    is not given takes the checkpoint's value; where one would clash with a given setting (the
+    student's beam 1 with nbest 4) the checkpoint's values are left out."""
+    if recorded:
+        try:
+            return settings(config, options, **{**{k: v for k, v in recorded.items() if k not in changes}, **changes})
+        except ConfigError:
+            log.info(f"the checkpoint's decoding defaults ({', '.join(f'{k} {v}' for k, v in recorded.items())}) do not "
+                     "go with the settings given; translating with seqtool's defaults")
     config, options = config or DecodeConfig(), options or SearchOptions()
     if "print_alignment" in changes:
         changes["alignments"] = changes.pop("print_alignment")
@@ -60,6 +69,14 @@ def settings(config: Optional[DecodeConfig] = None, options: Optional[SearchOpti
     config = DecodeConfig.from_dict({**config.to_dict(), **{k: v for k, v in changes.items() if k in decode_fields}})
     options = options.replace(sampling=sampling, **{k: v for k, v in changes.items() if k in search_fields})
     return config, options
+
+
+def recorded_defaults(checkpoints: Union[Path, Sequence[Path]]) -> dict[str, Any]:
+    """The decoding defaults the (first) checkpoint records: what `settings(recorded=...)` takes."""
+    first = checkpoints if isinstance(checkpoints, (str, Path)) else checkpoints[0]
+    from .checkpoint import recorded_decoding
+
+    return recorded_decoding(Path(first))
 
 
 class Translator:
@@ -104,8 +121,11 @@ class Translator:
     def load(cls, path: Union[str, Path, Sequence[Union[str, Path]]], config: Optional[DecodeConfig] = None,
              options: Optional[SearchOptions] = None, **changes) -> "Translator":
         """path: a checkpoint, or a list of checkpoints to translate with as an ensemble. changes:
-        DecodeConfig and SearchOptions fields over `config` and `options` (settings() says how)."""
-        config, options = settings(config, options, **changes)
+        DecodeConfig and SearchOptions fields over `config` and `options` (settings() says how);
+        without `config` and `options`, over the decoding defaults the checkpoint records (a
+        distilled student's greedy search), which `config` and `options` replace when given."""
+        recorded = recorded_defaults(path) if config is None and options is None else None
+        config, options = settings(config, options, recorded, **changes)
         if config.threads:
             torch.set_num_threads(config.threads)
         device = pick_device(config.device)

@@ -31,24 +31,26 @@ def corpus(tmp_path_factory):
     return d, texts, spm
 
 
-def _random_checkpoint(d: Path, spm: Path, pre_norm: bool) -> Path:
+def _random_checkpoint(d: Path, spm: Path, pre_norm: bool, layers: tuple[int, int] = (2, 2)) -> Path:
     """Random weights with noise on every tensor (layer norms and biases too, which fresh ones have
     at 1 and 0), so that a mistake in any of them changes the outputs."""
     torch.manual_seed(0)
-    config = model_config_for("tiny", vocab_size=25, dropout=0.0, max_positions=40, pre_norm=pre_norm)
+    config = model_config_for("tiny", vocab_size=25, dropout=0.0, max_positions=40, pre_norm=pre_norm,
+                              encoder_layers=layers[0], decoder_layers=layers[1])
     weights = {k: v + 0.3 * torch.randn(v.shape) for k, v in checkpoint.model_state(Transformer(config)).items()}
     configs = {"model": config.to_dict(), "optim": OptimConfig().to_dict(), "train": TrainConfig().to_dict()}
-    path = d / f"model-{'pre' if pre_norm else 'post'}.pt"
+    path = d / f"model-{'pre' if pre_norm else 'post'}-{layers[0]}-{layers[1]}.pt"
     checkpoint.save(checkpoint.build(configs, spm.read_bytes(), weights), path)
     return path
 
 
-@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("pre_norm, layers", [(False, (2, 2)), (True, (2, 2)), (False, (4, 1))],
+                         ids=["post-norm", "pre-norm", "student-shape-4-1"])  # (a deep encoder, a shallow decoder)
 @pytest.mark.integration
-def test_ctranslate2_decodes_the_export_as_seqtool_does(corpus, pre_norm):
+def test_ctranslate2_decodes_the_export_as_seqtool_does(corpus, pre_norm, layers):
     d, texts, spm = corpus
-    ckpt = _random_checkpoint(d, spm, pre_norm)
-    out = export(ckpt, d / f"ct2-{pre_norm}")
+    ckpt = _random_checkpoint(d, spm, pre_norm, layers)
+    out = export(ckpt, d / f"ct2-{pre_norm}-{layers[0]}-{layers[1]}")
     assert {"model.bin", "config.json", "sentencepiece.model"} <= {p.name for p in out.iterdir()}
     lines = texts["test"][0] + texts["train"][0][:10]
     # (CTranslate2 has no loop guard: random weights loop, so seqtool's is off for the comparison)

@@ -28,6 +28,7 @@ LAYERS = [
     {"serving.schemas", "serving.batcher"},
     {"training.train", "plot", "info", "export"},
     {"training.job"},
+    {"training.distill"},
     {"training.validate", "training.finetune", "training.update", "binarize", "training.distributed", "training.ema",
      "training.schedule", "training.metrics", "training.savedir"},
     {"translate", "training.loss"},

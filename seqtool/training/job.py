@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 
 from .. import log
 from . import distributed, finetune
@@ -20,6 +20,7 @@ from ..config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig
 from ..data import ParallelDataset, epoch_batches, min_pair_length, read_meta
 from ..errors import ConfigError, InputError
 from ..tokenizer import Tokenizer, train_tokenizer
+from .distill import Distill
 
 
 @dataclass
@@ -42,6 +43,7 @@ class TrainJob:
     raw: Optional[RawData] = None
     force: bool = False  # start afresh in a SAVE_DIR that holds another run (instead of resuming or refusing)
     finetune: Optional[finetune.Finetune] = None  # start from these weights (and tokenizer), with fresh training state
+    distill: Optional["Distill"] = None  # learn the translations of these teachers (distill.py)
 
 
 @dataclass
@@ -57,15 +59,22 @@ class TrainResult:
     stopped_by: str
     best_metric: str = "loss"
     best_value: float = float("nan")  # of best_metric
+    distill_seconds: float = 0.0  # the teachers' pass (--teacher), apart from train_seconds; 0 when it was made earlier
 
     @property
     def tokens_per_second(self) -> float:
         return self.train_tokens / max(self.train_seconds, 1e-9)
 
 
-def prepare_raw(job: TrainJob, source: Optional[finetune.Source] = None) -> Path:
+class TokenizerSource(Protocol):
+    """A checkpoint whose tokenizer the run must use: --finetune's (finetune.Source), --teacher's (distill.Teachers)."""
+    path: Path
+    tokenizer_bytes: bytes
+
+
+def prepare_raw(job: TrainJob, source: Optional[TokenizerSource] = None) -> Path:
     """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them); with
-    --finetune, the checkpoint's tokenizer instead of a new one."""
+    --finetune or --teacher, that checkpoint's tokenizer instead of a new one."""
     assert job.raw is not None
     data_dir = Path(job.save_dir) / "data"
     src, tgt = job.train.src_lang, job.train.tgt_lang

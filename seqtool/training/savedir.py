@@ -128,6 +128,7 @@ def _without(configs: dict) -> dict:
     out["train"] = {**json.loads(json.dumps(TrainConfig().to_dict())), **out.get("train", {})}
     for key in RESUMABLE_CHANGES:
         out.get("train", {}).pop(key, None)
+    out.pop("decoding", None)  # what translate does by default with the model, not how it trains
     out.pop("schedule", None)  # follows from the settings compared here and the limits, which may change
     # settings added since a run was saved count as their defaults; a run saved before lr_schedule
     # existed decayed as inverse-sqrt

@@ -22,9 +22,9 @@ from typing import Iterator, Optional
 import torch
 
 from .. import allocator, checkpoint, kernels, log
-from . import distributed, finetune, schedule, update, validate
+from . import distill, distributed, finetune, schedule, update, validate
 from ..config import RunPaths
-from ..data import collate, length_profile
+from ..data import ParallelDataset, collate, length_profile
 from ..device import pick_device, resolve_precision, sdpa_without_cudnn
 from .ema import EMA
 from ..interrupts import Interrupts
@@ -70,15 +70,18 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         source = finetune.load_source(job.finetune) if job.finetune is not None else None
+        teachers = distill.Teachers(job.distill) if job.distill is not None else None
         self.dist = distributed.start(env, self.device, cfg.dist_timeout)
         if job.raw is not None:  # rank 0 prepares SAVE_DIR/data, the others wait for it
             if self.dist.is_main:
                 distributed.slow_preparation_point(self.dist)
-                prepare_raw(job, source)
+                prepare_raw(job, source or teachers)  # (a teacher's tokenizer: the student learns its token ids)
             self.dist.barrier(f"waiting for rank 0 to prepare {job.save_dir}/data", patient=True)  # not bounded by --dist-timeout
         data = open_data(job, source)
         self.data_dir, self.meta, self.tokenizer = data.data_dir, data.meta, data.tokenizer
         self.train_set, self.valid_set = data.train_set, data.valid_set
+        if teachers is not None:
+            teachers.check(self.meta, self.tokenizer.model_bytes, self.data_dir)
         sp = self.meta["special_ids"]
         base_model = source.model_config if source is not None else job.model
         self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
@@ -90,6 +93,9 @@ class Trainer:
                         "schedule": self.schedule.describe()}
         if source is not None:
             self.configs["finetune"] = source.describe()
+        if teachers is not None:
+            self.configs["distill"] = teachers.describe()
+            self.configs["decoding"] = dict(distill.DECODING)  # translate's and serve's defaults for this model
         self.source_lengths = length_profile(self.train_set.src.lengths)  # kept in every checkpoint (translate's --split-sentences auto)
         if precision == "fp16" and self.device.type == "cpu":
             log.warn("fp16 on CPU is slow and only useful for testing; bf16 is the fast CPU format")
@@ -113,6 +119,9 @@ class Trainer:
         self.early_stopping = validate.EarlyStopping(cfg.best_metric, cfg.patience, self.state)  # keeps its state in self.state
         self.files = RunFiles(job.save_dir, self.configs, self.dist.is_main)
         self._resume_or_start()
+        self.distill_seconds = 0.0
+        if teachers is not None:  # after the resume check: a run that cannot go on does not translate first
+            self._distill(teachers, cfg)
         self.interrupts = Interrupts()
         self.saved_progress: Optional[dict] = None  # the TrainingState last.pt holds (state_dict)
         self.metrics = MetricsLog(self.files.metrics_path, Path(cfg.tensorboard_dir) if cfg.tensorboard_dir else None,
@@ -120,6 +129,14 @@ class Trainer:
         self.updater.skipped = self.state.skipped_updates
 
     # ---- set-up ---------------------------------------------------------------------------
+    def _distill(self, teachers: distill.Teachers, cfg) -> None:
+        """The training set becomes the teachers' translations of its source (with
+        --distill-original, those and the original pairs)."""
+        out, self.distill_seconds = distill.prepare(teachers, self.train_set, self.meta, self.data_dir, self.job.save_dir,
+                                                    self.dist, str(self.device), cfg.threads)
+        taught = ParallelDataset(out, "train")
+        self.train_set = ParallelDataset.joined([taught, self.train_set]) if teachers.spec.original else taught
+
     def _resume_or_start(self) -> None:
         """A fresh run, or last.pt's state resumed: weights, optimizer, loss scale, progress, each
         rank's RNG stream (savedir.RunFiles decides which, and checks that it may)."""
@@ -236,7 +253,7 @@ class Trainer:
             best_valid_loss=st.best_valid_loss, last_valid_loss=st.last_valid_loss,
             train_tokens=st.train_tokens, train_seconds=st.train_seconds, skipped_too_long=skipped,
             save_dir=self.paths.save_dir, stopped_by=stopped_by,
-            best_metric=cfg.best_metric, best_value=st.best_metric_value,
+            best_metric=cfg.best_metric, best_value=st.best_metric_value, distill_seconds=self.distill_seconds,
         )
 
     def _train_epoch(self, batches: list, window: ThroughputWindow, progress: log.Progress, unit: str) -> str:
