@@ -73,7 +73,7 @@ def test_the_student_learns_what_translate_gives_and_a_second_run_reuses_it(taug
     best = checkpoint.load(tmp_path / "s" / "best.pt")
     assert best["configs"]["distill"] == {"teachers": [f"{teacher}@{checkpoint.load(teacher)['weights_sha256'][:16]}"],
                                           "original": False}
-    assert best["configs"]["decoding"] == {"beam": 1}
+    assert best["configs"]["decoding"] == distill.DECODING and distill.DECODING["beam"] == 1
 
     # a second student in that SAVE_DIR (--force) from the same teacher: no second pass
     def translated_again(*args, **kwargs):
@@ -152,7 +152,7 @@ def test_the_cli_trains_a_student_whose_checkpoint_decodes_greedily_unless_told(
     seqtool("train", d / "bin", "--save-dir", "s", "--teacher", teacher, "--arch", "student", "--max-updates", "3",
             "--max-tokens", "600", "--threads", "2", "--device", "cpu", cwd=tmp_path)
     info = seqtool("info", "s/best.pt", cwd=tmp_path).stdout
-    assert "decoding" in info and "beam=1" in info and "encoder_layers=6" in info and "decoder_layers=2" in info
+    assert "decoding" in info and "beam=1 batch_size=256 quantize=int8" in info and "encoder_layers=6" in info and "decoder_layers=2" in info
     test = "\n".join(d.joinpath("valid.src").read_text().splitlines()) + "\n"
 
     def translate(*options):
@@ -160,7 +160,7 @@ def test_the_cli_trains_a_student_whose_checkpoint_decodes_greedily_unless_told(
                        cwd=tmp_path, stdin=test).stdout
 
     default = translate()
-    assert default == translate("--beam", "1")  # the recorded default
+    assert default == translate("--beam", "1", "--quantize", "int8", "--batch-size", "256")  # the recorded defaults
     assert default != translate("--beam", "5")  # an option still wins (a 3-update model's beam finds other outputs)
     assert translate("--nbest", "2").count("\n") == 2 * test.count("\n")  # n-best needs a beam: seqtool's default
 
