@@ -108,6 +108,9 @@ def main() -> int:
     p.add_argument("--src", default="es")
     p.add_argument("--tgt", default="en")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--shape", default="", help="ENC-DEC layers of the student instead of the preset's (a --config file sets them)")
+    p.add_argument("--distill-from", type=Path, help="an earlier student's SAVE_DIR: its distill/ cache is copied in (same teacher, data and search)")
+    p.add_argument("--skip-teacher-rows", action="store_true", help="decode the student only (the teacher's rows are in an earlier table)")
     p.add_argument("--work", type=Path, help="scratch dir (default bench/out/students-<timestamp>); an earlier WORK's student is resumed")
     p.add_argument("--no-results", action="store_true", help="print the table only (smoke runs)")
     a = p.parse_args()
@@ -151,8 +154,18 @@ def main() -> int:
             shapes.append({"shape": f"{enc}-{dec}", **figures})
 
     # -- the student ------------------------------------------------------------------------------
+    shape = []
+    if a.shape:
+        enc, dec = (int(x) for x in a.shape.split("-"))
+        (W / "student.toml").write_text(f'arch = "student"\n\n[model]\nencoder_layers = {enc}\ndecoder_layers = {dec}\n')
+        shape = ["--config", W / "student.toml"]
+    if a.distill_from and not (W / "student" / "distill").exists():
+        import shutil
+
+        shutil.copytree(a.distill_from.resolve() / "distill", W / "student" / "distill")
+        log(f"copied {a.distill_from / 'distill'}: the teacher's translations are not made again")
     t0 = time.perf_counter()
-    r = run("student", [*st, "train", *raw, "--teacher", teacher, "--arch", "student", "--max-time", a.student_time,
+    r = run("student", [*st, "train", *raw, "--teacher", teacher, "--arch", "student", *shape, "--max-time", a.student_time,
                         "--save-dir", W / "student"], logs, env)
     student_fig = {**summary(Path(r["stderr"])), "wall_s": round(time.perf_counter() - t0, 1), "peak_rss_mib": r.get("peak_rss_mib")}
     student = W / "student" / "best.pt"
@@ -169,7 +182,8 @@ def main() -> int:
         return row
 
     t5 = decode("teacher beam 5", teacher, "--beam", "5")
-    decode("teacher beam 1", teacher, "--beam", "1")
+    if not a.skip_teacher_rows:
+        decode("teacher beam 1", teacher, "--beam", "1")
     s = decode("student", student)
     decode("student int8", student, "--quantize", "int8")
     decode("student bf16", student, "--precision", "bf16")
@@ -186,7 +200,7 @@ def main() -> int:
         log("ctranslate2 is not installed: its rows are skipped (pip install 'seqtool[ctranslate2]')")
         have_ct2 = False
     helper = Path(__file__).resolve().parent / "translate.py"
-    for who, ckpt in (("teacher", teacher), ("student", student)):
+    for who, ckpt in ((("teacher", teacher),) if not a.skip_teacher_rows else ()) + (("student", student),):
         beams = (5, 1) if who == "teacher" else (1,)
         for beam in beams:
             for prec, quant in (("fp32", "none"), ("fp32", "int8"), ("bf16", "none")):

@@ -42,14 +42,22 @@ def settings(config: Optional[DecodeConfig] = None, options: Optional[SearchOpti
     config that has the field: `beam=5, device="cpu", sampling=True, topk=10`. sampling: True (with
     topk/topp/temperature/seed), False or a Sampling; print_alignment is alignments. recorded: the
     checkpoint's decoding defaults (checkpoint.recorded_decoding), under the changes: a setting that
-    is not given takes the checkpoint's value; where one would clash with a given setting (the
-    student's beam 1 with nbest 4) the checkpoint's values are left out."""
+    is not given takes the checkpoint's value, except those that clash with a given setting (the
+    student's beam 1 with nbest 4, its int8 with precision bf16): they are left out, with a note."""
     if recorded:
-        try:
-            return settings(config, options, **{**{k: v for k, v in recorded.items() if k not in changes}, **changes})
-        except ConfigError:
-            log.info(f"the checkpoint's decoding defaults ({', '.join(f'{k} {v}' for k, v in recorded.items())}) do not "
-                     "go with the settings given; translating with seqtool's defaults")
+        import itertools
+
+        wanted = [k for k in recorded if k not in changes]
+        for n in range(len(wanted), 0, -1):  # as many of the checkpoint's defaults as go with what is given
+            for kept in itertools.combinations(wanted, n):
+                try:
+                    resolved = settings(config, options, **{**{k: recorded[k] for k in kept}, **changes})
+                except ConfigError:
+                    continue
+                if n < len(wanted):
+                    log.info(f"the checkpoint's decoding defaults {', '.join(f'{k} {recorded[k]}' for k in wanted if k not in kept)} "
+                             "do not go with the settings given; left out")
+                return resolved
     config, options = config or DecodeConfig(), options or SearchOptions()
     if "print_alignment" in changes:
         changes["alignments"] = changes.pop("print_alignment")

@@ -133,6 +133,8 @@ def test_recorded_decoding_defaults_yield_to_what_is_given():
     assert settings(recorded=recorded, beam=4)[1].beam == 4
     assert settings(recorded=recorded, nbest=3)[1].beam == 5  # beam 1 cannot give 3 best: seqtool's default
     assert settings(recorded={"beam": 1, "quantize": "int8"})[0].quantize == "int8"
+    config, options = settings(recorded={"beam": 1, "quantize": "int8"}, precision="bf16")  # int8 cannot run in bf16
+    assert (config.quantize, config.precision, options.beam) == ("none", "bf16", 1)  # only the clashing default goes
     assert settings(recorded=None)[1].beam == 5
 
 
