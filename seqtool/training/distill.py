@@ -45,7 +45,8 @@ from ..textio import atomic_write_bytes
 # student trained on the teacher's beam output decodes greedily at close to the teacher's beam quality.
 # Greedy search has a fifth of beam 5's rows per step, so its steps are small and their fixed costs
 # weigh: 256 sentences a batch (the small preset greedy on 1,000 bible lines, 2 threads: 280 -> 397
-# sentences/s from 64); int8, faster than fp32 and bf16 there (520-537 sentences/s; bench/students.py).
+# sentences/s from 64); int8, faster than fp32 and bf16 there (the 4+1 student's translate call: 829 / 473 / 694
+# sentences/s; a whole process loads int8 more slowly: 5.2 s against bf16's 4.8 s; bench/students.py).
 DECODING: dict[str, Any] = {"beam": 1, "batch_size": 256, "quantize": "int8"}
 CHUNK = 2048  # sentences translated, then counted in the progress, at a time
 
