@@ -16,8 +16,8 @@ the bible test set, for each checkpoint given, in one run.
 - Markdown: a document of the test sentences with a heading, lists, emphasis, a link, inline code and
   a code block: everything that is not text byte for byte;
 - placeholders: a URL or an e-mail address put into each sentence comes out verbatim (goal 100%);
-- speed: the HTML document and the paragraphs against plain translation of the same verses (goal:
-  at most 10% more time).
+- speed: the HTML document and the paragraphs against plain translation of the same verses, the
+  median of --rounds timings of each in rotated order (goal: at most 10% more time).
 
 Prints the CPU's capability and a markdown table per checkpoint, appended to bench/results.md. Run on
 an idle machine.
@@ -130,6 +130,18 @@ def measure(a, path: Path, src: list[str], ref: list[str]) -> dict:
         marked.append(((wi.start(), wi.end()), (wj.start(), wj.end())))
     doc = "<html><body>\n" + "\n".join(blocks) + "\n</body></html>\n"
     translated, out["html_s"] = timed(lambda: t.translate_document(doc, "html", split="never"))
+    # speed: each of the three once more in each of a.rounds - 1 rounds, in rotated order (a slow spell of the
+    # machine falls on different ones), the median of each; the ratios compare the medians
+    jobs = {"verses_s": lambda: t.translate_lines(0, src, split="never"), "paragraphs_s": lambda: t.translate_lines(0, paras, split="auto"),
+            "html_s": lambda: t.translate_document(doc, "html", split="never")}
+    times = {k: [out[k]] for k in jobs}
+    for r in range(1, a.rounds):
+        names = list(jobs)[r % 3:] + list(jobs)[: r % 3]
+        for k in names:
+            times[k].append(timed(jobs[k])[1])
+    for k, v in times.items():
+        out[k] = sorted(v)[len(v) // 2]
+    log("seconds (rounds): " + ", ".join(f"{k} {' '.join(f'{x:.1f}' for x in v)}" for k, v in times.items()))
     got, want = Tags(translated), Tags(doc)
     out["tags_kept"] = sorted(map(str, got.seen)) == sorted(map(str, want.seen))
     paras_out = re.findall(r"<p>(.*?)</p>", translated, re.S)
@@ -194,6 +206,7 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=2251)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-results", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3, help="timings of plain, paragraphs and HTML, median taken (default 3)")
     a = parser.parse_args()
     from seqtool.device import cpu_bf16_instructions, cpu_capability
 
