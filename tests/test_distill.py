@@ -189,3 +189,18 @@ def test_two_processes_share_the_teachers_pass_and_make_the_same_split(taught, t
     a, b = ParallelDataset(one, "train"), ParallelDataset(two, "train")
     assert [a.tgt[i].tolist() for i in range(N_TRAIN)] == [b.tgt[i].tolist() for i in range(N_TRAIN)]
     assert json.loads((two / "meta.json").read_text())["distill"]["teachers"] == [f"{teacher}@{checkpoint.load(teacher)['weights_sha256'][:16]}"]
+
+
+@pytest.mark.integration
+def test_a_finetuned_student_learns_from_its_teacher(taught, tmp_path):
+    # --finetune and --teacher together: the checkpoint's model and tokenizer, the teacher's translations
+    from seqtool.training.finetune import Finetune
+
+    d, teacher = taught
+    job = _job(d / "bin", tmp_path / "s", [teacher])
+    job.finetune = Finetune(teacher)
+    result = train(job)
+    assert result.updates == 2 and result.distill_seconds > 0
+    saved = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert saved["finetune"]["checkpoint"] == str(teacher) and saved["distill"]["teachers"][0].startswith(f"{teacher}@")
+    assert len(list((tmp_path / "s" / "distill").iterdir())) == 1
