@@ -110,7 +110,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shape", default="", help="ENC-DEC layers of the student instead of the preset's (a --config file sets them)")
     p.add_argument("--distill-from", type=Path, help="an earlier student's SAVE_DIR: its distill/ cache is copied in (same teacher, data and search)")
-    p.add_argument("--distill-original", action="store_true", help="train the student with --distill-original (the references too)")
+    p.add_argument("--teacher-only", action="store_true", help="train the student with --teacher-only (not on the references too)")
     p.add_argument("--skip-teacher-rows", action="store_true", help="decode the student only (the teacher's rows are in an earlier table)")
     p.add_argument("--work", type=Path, help="scratch dir (default bench/out/students-<timestamp>); an earlier WORK's student is resumed")
     p.add_argument("--no-results", action="store_true", help="print the table only (smoke runs)")
@@ -167,7 +167,7 @@ def main() -> int:
         log(f"copied {a.distill_from / 'distill'}: the teacher's translations are not made again")
     t0 = time.perf_counter()
     r = run("student", [*st, "train", *raw, "--teacher", teacher, "--arch", "student", *shape,
-                        *(["--distill-original"] if a.distill_original else []), "--max-time", a.student_time,
+                        *(["--teacher-only"] if a.teacher_only else []), "--max-time", a.student_time,
                         "--save-dir", W / "student"], logs, env)
     student_fig = {**summary(Path(r["stderr"])), "wall_s": round(time.perf_counter() - t0, 1), "peak_rss_mib": r.get("peak_rss_mib")}
     student = W / "student" / "best.pt"

@@ -154,6 +154,7 @@ def test_the_cli_trains_a_student_whose_checkpoint_decodes_greedily_unless_told(
     seqtool("train", d / "bin", "--save-dir", "s", "--teacher", teacher, "--arch", "student", "--max-updates", "3",
             "--max-tokens", "600", "--threads", "2", "--device", "cpu", cwd=tmp_path)
     info = seqtool("info", "s/best.pt", cwd=tmp_path).stdout
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["distill"]["original"] is True  # the default
     assert "decoding" in info and "beam=1 batch_size=256 quantize=int8" in info and "encoder_layers=4" in info and "decoder_layers=1" in info
     test = "\n".join(d.joinpath("valid.src").read_text().splitlines()) + "\n"
 
@@ -170,6 +171,8 @@ def test_the_cli_trains_a_student_whose_checkpoint_decodes_greedily_unless_told(
 @pytest.mark.system
 def test_distill_original_without_a_teacher_is_a_one_line_error(tmp_path):
     result = runner.invoke(app, ["train", str(tmp_path), "--save-dir", str(tmp_path / "s"), "--distill-original"])
+    assert result.exit_code == 1 and "add --teacher" in result.output
+    result = runner.invoke(app, ["train", str(tmp_path), "--save-dir", str(tmp_path / "s"), "--teacher-only"])
     assert result.exit_code == 1 and "add --teacher" in result.output
 
 
