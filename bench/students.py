@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from cpu_small import FAILURES, REPO, log, read_json, run, split_file
+from translate import score  # bench/translate.py: BLEU and chrF of a hypothesis file
 
 SHAPES = [(3, 3), (6, 1), (6, 2), (8, 2), (4, 1)]  # (encoder, decoder) layers at the teacher's width
 FORCED = 40  # output tokens per sentence in the shape measurement
@@ -79,16 +80,6 @@ def summary(err: Path) -> dict:
     if m:
         out.update(distill_sentences=int(m.group(1).replace(",", "")), distill_s=int(m.group(2)))
     return out
-
-
-def score(hyp: Path, ref: Path) -> dict:
-    import sacrebleu
-
-    h = hyp.read_text(encoding="utf-8").splitlines() if hyp.exists() else []
-    r = ref.read_text(encoding="utf-8").splitlines()
-    if len(h) != len(r):
-        return {}
-    return {"bleu": sacrebleu.corpus_bleu(h, [r]).score, "chrf": sacrebleu.corpus_chrf(h, [r]).score}
 
 
 def f(x, nd=1) -> str:
@@ -179,7 +170,7 @@ def main() -> int:
         hyp = W / f"hyp-{name}"
         r = run(f"translate-{name}", [*st, "translate", "-c", ckpt, "-i", src, "-o", hyp, "--threads", a.threads, *options], logs, env)
         row = {"system": name, "options": " ".join(map(str, options)) or "(its defaults)", "whole_s": r["wall_s"],
-               "peak_rss_mib": r.get("peak_rss_mib"), **score(hyp, ref)}
+               "peak_rss_mib": r.get("peak_rss_mib"), **(score(hyp, ref) if hyp.exists() else {})}
         rows.append(row)
         return row
 
@@ -194,7 +185,6 @@ def main() -> int:
 
     # -- the translate call alone, and CTranslate2 --------------------------------------------------
     calls = []
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
         import ctranslate2  # noqa: F401
         have_ct2 = True
