@@ -1,13 +1,14 @@
 """Attention weights of a translation, and word alignments derived from them.
 
-Owns fetching the weights: one teacher-forced pass of the model over a source and a given
-target, through the need_weights path of the same MultiHeadAttention modules that translate
+Owns fetching the weights for pictures: one teacher-forced pass of the model over a source and a
+given target, through the need_weights path of the same MultiHeadAttention modules that translate
 (model.encode / model.decode_features), so the weights are exactly what translation used. Also
 turns encoder-decoder attention into fairseq-style hard alignments ("i-j": source token i,
 target token j). Tensors and token ids only: no text, no files, no drawing (that is plot.py).
 
-Nothing here runs unless asked for: search never computes weights; `translate
---print-alignment` runs one extra forced pass over the final hypotheses only.
+Translations' alignments (`translate --print-alignment`, markup and placeholders to place) are
+not a second pass: the search records the alignment layer's weights as it decodes and carries
+each hypothesis's hard alignment with its tokens (search.py); `pairs` gives them this module's form.
 
 Target positions: the decoder reads `<s> y1 .. yn` and writes `y1 .. yn </s>`; row t of the
 encoder-decoder weights is the attention used while writing the t-th output token.
@@ -21,7 +22,6 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .model import padded
 from .errors import ConfigError
 
 
@@ -68,27 +68,11 @@ def hard_alignment(cross: Tensor, src_len: int, tgt_len: int) -> list[tuple[int,
     return [(i, j) for j, i in enumerate(best)]
 
 
+def pairs(links: Sequence[int]) -> list[tuple[int, int]]:
+    """A search's alignment (Hypothesis.alignment: the source position of each target token) as
+    (source token, target token) pairs, the form hard_alignment gives."""
+    return [(i, j) for j, i in enumerate(links)]
+
+
 def format_alignment(pairs: Sequence[tuple[int, int]]) -> str:
     return " ".join(f"{i}-{j}" for i, j in pairs)
-
-
-def align_hypotheses(model, src: Tensor, hyps: Sequence[Sequence], layer: int = 0) -> list[list[list[tuple[int, int]]]]:
-    """Hard alignments of every hypothesis of every sentence, from one forced pass over all of them.
-
-    src (B, S): the batch given to search (ids, EOS, right padding); hyps[b]: the hypotheses of
-    sentence b (objects with `.tokens`, without BOS/EOS). layer: 1-based decoder layer, 0 = last.
-    """
-    c = model.config
-    index = resolve_layer(layer, c.decoder_layers, "--alignment-layer")
-    rows = [(b, h.tokens) for b, sent in enumerate(hyps) for h in sent]
-    out: list[list[list[tuple[int, int]]]] = [[] for _ in hyps]
-    if not rows:
-        return out
-    tgt_in = padded([[c.bos_id, *tokens] for _, tokens in rows], c.pad_id)  # (R, T) BOS y1 .. yn pad
-    which = torch.tensor([b for b, _ in rows], device=src.device)
-    sources = src.index_select(0, which)  # (R, S) one source row per hypothesis
-    src_lens = (sources.ne(c.pad_id) & sources.ne(c.eos_id)).sum(1).tolist()  # (R,) without EOS/padding
-    weights = model.cross_weights(sources, tgt_in.to(src.device), index).float()  # (R, H, T, S)
-    for r, (b, tokens) in enumerate(rows):
-        out[b].append(hard_alignment(weights[r], src_lens[r], len(tokens)))
-    return out

@@ -58,6 +58,8 @@ class KVCache:
     pending: Optional[Tensor] = None  # a reorder not yet applied to the self-attention keys/values
     unsettled: list[int] = field(default_factory=list)  # layers it has not been applied to
     key_bias: Optional[Tensor] = None  # (B / group * H, 1, S) 0 or -inf at padding; see padding_bias
+    align_layer: Optional[int] = None  # the decoder layer (0-based) whose cross-attention `attended` keeps
+    attended: Optional[Tensor] = None  # (B, T, S) that layer's weights in the last decoder call, heads averaged
 
     GROW = 32  # positions added when a buffer is full: at most 32 unused positions per row
 
@@ -93,6 +95,11 @@ class KVCache:
         kb[:, :, t : t + T] = k  # (cast to the cache's dtype)
         vb[:, :, t : t + T] = v
         return kb[:, :, : t + T], vb[:, :, : t + T]
+
+    def record(self, layer: int) -> None:
+        """Keep decoder layer `layer`'s encoder-decoder attention, averaged over heads, in `attended`
+        at every decoder call: the weights the search itself used (search.py's alignments)."""
+        self.align_layer = layer
 
     def reorder(self, index: Tensor, cross: bool = True, group: Optional[int] = None) -> None:
         if self.self_k:  # gathered lazily, layer by layer, by the next append (see the class docstring)

@@ -34,6 +34,14 @@ class EnsembleCache:
     def steps(self) -> int:
         return self.caches[0].steps
 
+    def record(self, layer: int) -> None:
+        """Attention weights come from one network: the first member's (KVCache.record)."""
+        self.caches[0].record(layer)
+
+    @property
+    def attended(self) -> Optional[Tensor]:
+        return self.caches[0].attended
+
     def reorder(self, index: Tensor, cross: bool = True, group: Optional[int] = None) -> None:
         for cache in self.caches:
             cache.reorder(index, cross, group)

@@ -84,15 +84,22 @@ class MultiHeadAttention(nn.Module):
         B, T, D = x.shape
         q, k, v, G = self._project(x, memory, cache, layer)  # (B/G, H, G*T, K), (B/G, H, Tk, K) x 2
         path = self.attention_path(x, q.dtype, cache, need_weights)
+        record = self.cross and cache is not None and cache.align_layer == layer  # the search keeps these weights
         if path == "step":
-            out = self._step_attention(q, k, v, cache.padding_bias(self.h) if self.cross else None).to(x.dtype)
-            return self._merge_heads(out, B, T, G), None
-        out, weights = self._attend(q, k, v, key_pad, causal, explicit=path == "explicit", need_weights=need_weights)
+            out, probs = self._step_attention(q, k, v, cache.padding_bias(self.h) if self.cross else None)
+            if record:  # (B/G * H, G*T, S) -> heads averaged (B/G, G*T, S) -> one row per hypothesis (B, T, S)
+                cache.attended = probs.view(B // G, self.h, G * T, -1).mean(1).view(B, T, -1)
+            return self._merge_heads(out.to(x.dtype), B, T, G), None
+        if record and path == "sdpa":
+            path = "explicit"  # (SDPA gives no weights)
+        out, weights = self._attend(q, k, v, key_pad, causal, explicit=path == "explicit", need_weights=need_weights or record)
         if path == "explicit":
             out = out.to(x.dtype)  # (float32 from a CPU decoding cache)
         if G > 1 and weights is not None:
             weights = self._ungroup(weights, B, T, G)
-        return self._merge_heads(out, B, T, G), weights
+        if record:
+            cache.attended = weights.float().mean(1)  # (B, T, S)
+        return self._merge_heads(out, B, T, G), weights if need_weights else None
 
     def _project(self, x: Tensor, memory: Optional[Tensor], cache: Optional[KVCache], layer: int):
         """Queries, keys and values by head, and G: the decoder rows per sentence that share one copy of
@@ -177,12 +184,13 @@ class MultiHeadAttention(nn.Module):
             out = out.transpose(1, 2)
         return linear(out.reshape(B, T, self.h * self.k), self.out_proj)
 
-    def _step_attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> Tensor:
+    def _step_attention(self, q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor]) -> tuple[Tensor, Tensor]:
         """The explicit path's attention for a cached decoding step on CPU, in three batched
         products over (rows x heads): scores scaled and (cross-attention) padding-masked by one
         baddbmm with the cache's additive bias, softmax, weighted values. The same numbers without
         building a mask, dividing and masking in separate passes, per layer and step.
-        q (N, H, Tq, K), k and v (N, H, Tk, K), bias (N * H, 1, Tk) or None -> (N, H, Tq, K)."""
+        q (N, H, Tq, K), k and v (N, H, Tk, K), bias (N * H, 1, Tk) or None -> (N, H, Tq, K) and the
+        weights (N * H, Tq, Tk)."""
         N, H, Tq, K = q.shape
         Tk = k.size(2)
         q3 = q.to(k.dtype).reshape(N * H, Tq, K)
@@ -191,7 +199,8 @@ class MultiHeadAttention(nn.Module):
             scores = torch.bmm(q3, kt).div_(math.sqrt(K))  # (N*H, Tq, Tk)
         else:
             scores = torch.baddbmm(bias, q3, kt, alpha=1 / math.sqrt(K))
-        return torch.bmm(scores.softmax(dim=-1), v.reshape(N * H, Tk, K)).view(N, H, Tq, K)
+        probs = scores.softmax(dim=-1)
+        return torch.bmm(probs, v.reshape(N * H, Tk, K)).view(N, H, Tq, K), probs
 
 
 class FeedForward(nn.Module):
@@ -359,16 +368,6 @@ class Transformer(nn.Module):
             cache.steps += tgt_in.size(1)
         x = self.decoder_norm(x)
         return (x, self_w, cross_w) if need_weights else x
-
-    def cross_weights(self, src: Tensor, tgt_in: Tensor, layer: int) -> Tensor:
-        """src (B, S), tgt_in (B, T) -> the encoder-decoder attention weights (B, H, T, S) of decoder
-        layer `layer` (0-based), computing no more than they need: the encoder on its fast path and
-        the decoder up to that layer, whose attention alone takes the explicit path (alignments)."""
-        memory, src_pad = self.encode(src)
-        x = self._embed(self.tgt_embed, tgt_in)
-        for i, block in enumerate(self.decoder[: layer + 1]):
-            x, _, weights = block(x, memory, src_pad, None, i, need_weights=i == layer)
-        return weights
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_pad: Tensor, cache: Optional[KVCache] = None) -> Tensor:
         """Logits (B, T, V) for the next token after each position of tgt_in."""

@@ -102,7 +102,7 @@ def run(translator, segments: Sequence[Segment], options: SearchOptions,
     todo = [k for k, seq in enumerate(ids) if seq]  # an empty segment translates to nothing
     batches = [[todo[i] for i in b] for b in pack(translator.config, [len(ids[k]) + 1 for k in todo])]  # (+1: the EOS)
     jobs = [([ids[k] for k in batch], [segments[k].key for k in batch], options, [segments[k].prefix for k in batch],
-             [segments[k].constraints for k in batch]) for batch in batches]
+             [segments[k].constraints for k in batch], any(segments[k].align for k in batch)) for batch in batches]
     if translator.pool is not None:  # worker processes (they cannot ask `abandoned`)
         done = translator.pool.search(jobs)
     else:
@@ -114,9 +114,6 @@ def run(translator, segments: Sequence[Segment], options: SearchOptions,
             hyps[k] = found[i]
             if aligned is not None:
                 alignments[k] = aligned[i]
-    wanted = [k for k, s in enumerate(segments) if s.align and hyps[k] and alignments[k] is None]
-    for k, pairs in zip(wanted, align(translator, [segments[k] for k in wanted], [hyps[k][0].tokens for k in wanted])):
-        alignments[k] = [pairs]  # (the best hypothesis's only)
     for s, h in zip(segments, hyps):
         if s.constraints and h and not satisfied(h[0].tokens, s.constraints):
             log.warn(f"{s.origin.label}: the translation lacks a constraint (it does not fit in the output length limit)")
@@ -263,22 +260,6 @@ def assemble(translator, segments: Sequence[Segment], translations: Sequence[Tra
         low, high = len(whole.target) - len(whole.target.lstrip()), len(whole.target.rstrip())
         inside = [replace(span, start=min(max(span.start, low), high), end=min(max(span.end, low), high)) for span in placed]
         out.append(space_voids(j.unit, whole.target, inside))  # (markup stays off the block's outer whitespace)
-    return out
-
-
-def align(translator, segments: Sequence[Segment], targets: Sequence[list[int]]) -> list[list[tuple[int, int]]]:
-    """(source token, target token) pairs of each segment's given target, from the model's
-    encoder-decoder attention (alignment.py), batched as `run` batches."""
-    from .alignment import align_hypotheses
-
-    out: list[list[tuple[int, int]]] = [[] for _ in segments]
-    for batch in pack(translator.config, [len(s.ids[: translator.max_src]) + 1 for s in segments]):
-        src = translator.source_tensor([segments[k].ids[: translator.max_src] for k in batch])
-        with torch.inference_mode():
-            found = align_hypotheses(translator.aligner, src, [[Hypothesis(targets[k], 0.0)] for k in batch],
-                                     translator.config.alignment_layer)
-        for k, pairs in zip(batch, found):
-            out[k] = pairs[0]
     return out
 
 

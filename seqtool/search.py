@@ -23,6 +23,12 @@ A sample's score is the model's own log-probability (temperature 1, no truncatio
 
 All three take the same bans against repetition (RepeatBans): no_repeat_ngram_size, and the loop
 guard that stops a phrase at loop_guard - 1 copies in a row unless the source has such a run.
+
+All three give alignments when asked (align_layer): for each output token, the source position that
+one decoder layer's encoder-decoder attention, averaged over heads, weighted most while the token
+was chosen (fairseq's hard alignment, without EOS and padding). They are the search's own weights
+(the cache keeps that layer's, KVCache.record), carried with the hypotheses as their tokens are:
+one id per position, gathered with the beams. No second pass over the outputs.
 """
 
 from __future__ import annotations
@@ -49,6 +55,24 @@ UNMET = 1e6  # subtracted from the rank (not the score) of a finished output tha
 class Hypothesis:
     tokens: list[int]  # without BOS and EOS
     score: float  # length-normalised log-probability, as used for ranking
+    alignment: Optional[list[int]] = None  # per token, the source position it attended to most (search's align_layer)
+
+
+def _aligned(cache, real: Tensor) -> Tensor:
+    """For each row and position of the last decoder call, the source position its attention (the
+    recorded layer's, heads averaged: KVCache.attended (rows, T, S)) weighted most; real (rows, S):
+    True at the source's tokens (not EOS, not padding), which alone may be chosen -> (rows, T)."""
+    return cache.attended.masked_fill(~real[:, None, :], -1.0).argmax(dim=-1)
+
+
+def _recording(model, cache, src: Tensor, align_layer: Optional[int]) -> Optional[Tensor]:
+    """Start recording the alignment layer's attention (KVCache.record); (B, S) True at the source's
+    tokens, or None when no alignments are wanted."""
+    if align_layer is None:
+        return None
+    cache.record(align_layer)
+    c = model.config
+    return src.ne(c.pad_id) & src.ne(c.eos_id)
 
 
 def _max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int, max_positions: int, max_len: int = 0) -> Tensor:
@@ -226,19 +250,22 @@ def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float, max_len_b: int, lenpen: float,
                       min_len: int, prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None, max_len: int = 0,
-                      no_repeat_ngram_size: int = 0, loop_guard: int = 0) -> list[list[Hypothesis]]:
+                      no_repeat_ngram_size: int = 0, loop_guard: int = 0,
+                      align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """`copies` rows per sentence, each extended by one token per step until its EOS, with
     choose(lprobs (rows, V), row_ids (rows,), step) -> tokens (rows,); row_ids are indices into the
     B x copies layout (sentence b's rows are b*copies ... b*copies + copies - 1). prefix (B, P): the
     output's first P tokens, given (their log-probabilities count in the score). wanted: see
     search(); an abandoned sentence's rows leave at once. no_repeat_ngram_size, loop_guard:
-    RepeatBans (0: off). Hypotheses of a sentence best first."""
+    RepeatBans (0: off). align_layer: alignments (see the module's docstring). Hypotheses of a
+    sentence best first."""
     c = model.config
     B, N = src.size(0), copies
     device = src.device
     repeats = RepeatBans.of(src, no_repeat_ngram_size, loop_guard, c)
     memory, src_pad = model.encode(src)
     cache = model.new_cache(memory, src_pad, group=N)  # the sentence's N rows adjacent
+    real = _recording(model, cache, src, align_layer)  # (B, S) or None
     limit = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions, max_len).repeat_interleave(N)  # (B*N,)
     P = 0 if prefix is None else prefix.size(1)
     L = max(int(limit.max()), P) + 1
@@ -248,13 +275,18 @@ def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float,
     out = torch.full((R, L), c.pad_id, dtype=torch.long, device=device)
     score = torch.zeros(R, device=device)
     lengths = torch.zeros(R, dtype=torch.long, device=device)
+    links = torch.zeros((R, L), dtype=torch.long, device=device) if real is not None else None  # (R, L) alignments
     first = None
     if P:
         rows_prefix = prefix.repeat_interleave(N, dim=0)  # (R, P)
         score, first = _prefix_pass(model, torch.cat([last, rows_prefix], dim=1), cache, limit, min_len)
         out[:, :P] = rows_prefix
+        if links is not None:
+            links[:, : P + 1] = _aligned(cache, real.repeat_interleave(N, dim=0))  # (R, P + 1)
     for step in range(P, L):
         lprobs = first if step == P and first is not None else _step_lprobs(model, last, cache, step, limit[alive], min_len)
+        if links is not None and not (step == P and first is not None):
+            links[alive, step] = _aligned(cache, real[alive // N])[:, -1]
         if repeats is not None:
             repeats.ban(lprobs, out[alive, :step], alive // N)
         token = choose(lprobs, alive, step)  # (rows,)
@@ -274,11 +306,17 @@ def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float,
         last = token[:, None]
     result: list[list[Hypothesis]] = []
     rows, lens, scores = out.tolist(), lengths.tolist(), score.tolist()
+    aligned = links.tolist() if links is not None else [None] * R
     for b in range(B):
-        hyps = [Hypothesis(rows[r][: lens[r] - 1], scores[r] / (lens[r] ** lenpen)) for r in range(b * N, (b + 1) * N)]
+        hyps = [Hypothesis(rows[r][: lens[r] - 1], scores[r] / (lens[r] ** lenpen), _cut(aligned[r], lens[r] - 1))
+                for r in range(b * N, (b + 1) * N)]
         hyps.sort(key=lambda h: h.score, reverse=True)
         result.append(hyps)
     return result
+
+
+def _cut(links: Optional[list[int]], n: int) -> Optional[list[int]]:
+    return None if links is None else links[:n]
 
 
 def _arg_max(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
@@ -288,10 +326,11 @@ def _arg_max(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
 @torch.no_grad()
 def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
                   min_len: int = 1, prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None,
-                  max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0) -> list[list[Hypothesis]]:
+                  max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0,
+                  align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """The most probable token at every step (after the prefix (B, P), if given); one hypothesis per sentence."""
     return _one_path_per_row(model, src, 1, _arg_max, max_len_a, max_len_b, lenpen, min_len, prefix, wanted, max_len,
-                             no_repeat_ngram_size, loop_guard)
+                             no_repeat_ngram_size, loop_guard, align_layer)
 
 
 _MASK32 = 0xFFFFFFFF
@@ -353,7 +392,7 @@ def draw(lprobs: Tensor, u: Tensor, topk: int = 0, topp: float = 1.0, temperatur
 def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), max_len_a: float = 0.0,
            max_len_b: int = 200, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None,
            prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None, max_len: int = 0, no_repeat_ngram_size: int = 0,
-           loop_guard: int = 0) -> list[list[Hypothesis]]:
+           loop_guard: int = 0, align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """`nbest` samples per sentence, best score first, each continuing the prefix (B, P) if given.
     keys (B,): each sentence's identity for the random numbers (default: its row); translate
     passes input line numbers."""
@@ -369,7 +408,7 @@ def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), 
         return draw(lprobs, u, sampling.topk, sampling.topp, sampling.temperature)
 
     return _one_path_per_row(model, src, nbest, choose, max_len_a, max_len_b, lenpen, min_len, prefix, wanted, max_len,
-                             no_repeat_ngram_size, loop_guard)
+                             no_repeat_ngram_size, loop_guard, align_layer)
 
 
 class Candidates:
@@ -490,35 +529,41 @@ class ConstrainedCandidates(Candidates):
 
 class _Finished:
     """Each sentence's best K finished outputs (B, K): normalised score, what ranks them
-    (Candidates.finish), tokens BOS ... EOS (padded to L + 1), and how many have finished."""
+    (Candidates.finish), tokens BOS ... EOS (padded to L + 1), their alignments (when recorded: a
+    source position per output token, padded to L + 1) and how many have finished."""
 
-    def __init__(self, B: int, K: int, L: int, pad: int, device: torch.device):
+    def __init__(self, B: int, K: int, L: int, pad: int, device: torch.device, aligned: bool):
         self.scores = torch.full((B, K), NEG_INF, device=device)
         self.rank = torch.full((B, K), NEG_INF, device=device)
         self.tokens = torch.full((B, K, L + 1), pad, dtype=torch.long, device=device)
+        self.links = torch.zeros((B, K, L + 1), dtype=torch.long, device=device) if aligned else None
         self.count = torch.zeros(B, dtype=torch.long, device=device)
 
-    def merge(self, alive: Tensor, norm: Tensor, rank: Tensor, seqs: Tensor, finishing: Tensor) -> None:
-        """The outputs finishing (b, n) of the sentences alive (b,), with their scores norm, ranks
-        and tokens seqs (b, n, L + 1), merged into each sentence's best K."""
+    def merge(self, alive: Tensor, norm: Tensor, rank: Tensor, seqs: Tensor, finishing: Tensor,
+              links: Optional[Tensor] = None) -> None:
+        """The outputs finishing (b, n) of the sentences alive (b,), with their scores norm, ranks,
+        tokens seqs (b, n, L + 1) and alignments links (b, n, L + 1), merged into each sentence's best K."""
         K, width = self.scores.size(1), self.tokens.size(2)
         merged_scores = torch.cat([self.scores[alive], norm], dim=1)  # (b, K + n)
-        merged_tokens = torch.cat([self.tokens[alive], seqs], dim=1)  # (b, K + n, L + 1)
         best, pick = torch.cat([self.rank[alive], rank], dim=1).topk(K, dim=1)  # (b, K)
         self.rank[alive] = best
         self.scores[alive] = merged_scores.gather(1, pick)
-        self.tokens[alive] = merged_tokens.gather(1, pick[:, :, None].expand(-1, -1, width))
+        pick = pick[:, :, None].expand(-1, -1, width)
+        self.tokens[alive] = torch.cat([self.tokens[alive], seqs], dim=1).gather(1, pick)  # of (b, K + n, L + 1)
+        if self.links is not None:
+            self.links[alive] = torch.cat([self.links[alive], links], dim=1).gather(1, pick)
         self.count[alive] += finishing.sum(1)
 
     def best(self, nbest: int, eos: int) -> list[list[Hypothesis]]:
         result: list[list[Hypothesis]] = []
-        for sent_scores, sent_tokens in zip(self.scores[:, :nbest].tolist(), self.tokens[:, :nbest].tolist()):
+        links = self.links[:, :nbest].tolist() if self.links is not None else [[None] * nbest] * self.scores.size(0)
+        for sent_scores, sent_tokens, sent_links in zip(self.scores[:, :nbest].tolist(), self.tokens[:, :nbest].tolist(), links):
             hyps = []
-            for s, seq in zip(sent_scores, sent_tokens):
+            for s, seq, aligned in zip(sent_scores, sent_tokens, sent_links):
                 if s == NEG_INF:
                     continue
                 end = seq.index(eos, 1)
-                hyps.append(Hypothesis(seq[1:end], s))
+                hyps.append(Hypothesis(seq[1:end], s, _cut(aligned, end - 1)))
             result.append(hyps)
         return result
 
@@ -527,12 +572,14 @@ class _Finished:
 def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200,
                 lenpen: float = 1.0, nbest: int = 1, min_len: int = 1, prefix: Optional[Tensor] = None,
                 constraints: Optional[ConstraintState] = None, wanted: Optional[Wanted] = None,
-                max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0) -> list[list[Hypothesis]]:
+                max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0,
+                align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """The `nbest` best hypotheses per sentence, best first. prefix (B, P): every hypothesis starts
     with these P tokens (decoded in one pass, their log-probabilities part of the score and the
     length part of the normalisation); the search starts after them. constraints: phrases every
     hypothesis must contain (constraints.py: dynamic beam allocation; EOS waits for them).
-    no_repeat_ngram_size, loop_guard: RepeatBans (0: off)."""
+    no_repeat_ngram_size, loop_guard: RepeatBans (0: off). align_layer: alignments (the module's
+    docstring), carried as the tokens are: `links` (b*rows, t) holds each row's so far."""
     c = model.config
     B, K = src.size(0), beam
     device = src.device
@@ -546,6 +593,8 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     # best candidates then become the K beams (rows = K, adjacent; cross-attention K/V kept once
     # per sentence).
     cache = model.new_cache(memory, src_pad, group=1)
+    real = _recording(model, cache, src, align_layer)  # (B, S) or None
+    links = torch.zeros((B, 0), dtype=torch.long, device=device) if real is not None else None  # (b*rows, t)
     rows = 1
     alive = torch.arange(B, device=device)  # (b,) original index of each active sentence
     tokens = torch.full((B, 1), c.bos_id, dtype=torch.long, device=device)  # (b*rows, 1+t) BOS and the output so far
@@ -556,7 +605,9 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         prefix_lp, first = _prefix_pass(model, tokens, cache, max_len0, min_len)
         scores = prefix_lp[:, None]
         choice.start(prefix)
-    finished = _Finished(B, K, L, c.pad_id, device)
+        if links is not None:
+            links = _aligned(cache, real)  # (B, P + 1): the prefix's and the next token's
+    finished = _Finished(B, K, L, c.pad_id, device, links is not None)
     for step in range(P, L):
         b = alive.numel()
         limit = max_len0[alive].repeat_interleave(rows)  # (b*rows,)
@@ -564,6 +615,8 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
             lprobs = first
         else:
             lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, limit, min_len)  # (b*rows, V)
+            if links is not None:  # the source position each row attends to most as it chooses this step's token
+                links = torch.cat([links, _aligned(cache, real[alive].repeat_interleave(rows, dim=0))], dim=1)
         if repeats is not None:
             repeats.ban(lprobs, tokens[:, 1:], alive.repeat_interleave(rows), choice.exempt)
         choice.restrict(lprobs, step, limit <= step)
@@ -597,7 +650,11 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
             seqs = torch.full((b, n_cand, L + 1), c.pad_id, dtype=torch.long, device=device)
             seqs[:, :, : step + 1] = tokens[src_rows].view(b, n_cand, step + 1)
             seqs[:, :, step + 1] = c.eos_id
-            finished.merge(alive, norm, choice.finish(norm, top_index, finishing, alive), seqs, finishing)
+            seq_links = None
+            if links is not None:  # (the EOS's own is not kept)
+                seq_links = torch.zeros((b, n_cand, L + 1), dtype=torch.long, device=device)
+                seq_links[:, :, :step] = links[src_rows, :step].view(b, n_cand, step)
+            finished.merge(alive, norm, choice.finish(norm, top_index, finishing, alive), seqs, finishing, seq_links)
 
         # 2. The first K candidates that are not EOS continue.
         _, pick = torch.where(eos, torch.full_like(priority, NEG_INF), priority).topk(K, dim=1)  # (b, K)
@@ -622,6 +679,8 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         else:  # cross K/V are equal across a sentence's beams: only the first step regroups them
             cache.reorder(parent_rows, cross=rows != K, group=K)
         tokens = torch.cat([tokens[parent_rows], next_token], dim=1)  # (b*K, 2+t)
+        if links is not None:
+            links = links[parent_rows]  # (b*K, 1+t): the parent's, and the parent's choice of this step
         choice.follow(parent_rows, next_token.view(-1))
         rows = K
     return finished.best(nbest, c.eos_id)
@@ -629,7 +688,8 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
 
 def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: Optional[Tensor] = None,
            prefix: Optional[Tensor] = None, constraints: Optional[Sequence] = None,
-           pieces: Optional[WordPieces] = None, wanted: Optional[Wanted] = None) -> list[list[Hypothesis]]:
+           pieces: Optional[WordPieces] = None, wanted: Optional[Wanted] = None,
+           align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """Sampling when options.sampling is given (nbest samples; beam unused; keys (B,) identify the
     sentences for the random numbers), else greedy (beam 1) or beam search. prefix (B, P), one
     length for the batch: the output's given first tokens (P = 0 or None: none). constraints: per
@@ -637,21 +697,22 @@ def search(model, src: Tensor, options: SearchOptions = SearchOptions(), keys: O
     as whole words where `pieces` says what a word is; beam search runs them, also at beam 1.
     wanted: asked before every step, None (all) or which sentences (B,) bool are still wanted: the
     others leave the batch at once (a server's requests whose clients went away) and get whatever
-    they had finished, perhaps nothing."""
+    they had finished, perhaps nothing. align_layer: decoder layer (0-based) whose attention gives
+    each hypothesis its alignment (None: none)."""
     o = options
     if prefix is not None and prefix.size(1) == 0:
         prefix = None
-    repeats = dict(no_repeat_ngram_size=o.no_repeat_ngram_size, loop_guard=o.loop_guard)
+    common = dict(no_repeat_ngram_size=o.no_repeat_ngram_size, loop_guard=o.loop_guard, align_layer=align_layer)
     if constraints is not None and any(any(any(alt for alt in g) for g in groups) for groups in constraints):
         if o.sampling is not None:
             raise ConfigError("constraints are kept by beam search; drop sampling")
         state = ConstraintState(constraints, src.device, pieces, model.config.bos_id)
         return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix, state, wanted, o.max_len,
-                           **repeats)
+                           **common)
     if o.sampling is not None:
         return sample(model, src, o.nbest, o.sampling, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, keys, prefix, wanted, o.max_len,
-                      **repeats)
+                      **common)
     if o.beam == 1:
-        return greedy_search(model, src, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, prefix, wanted, o.max_len, **repeats)
+        return greedy_search(model, src, o.max_len_a, o.max_len_b, o.lenpen, o.min_len, prefix, wanted, o.max_len, **common)
     return beam_search(model, src, o.beam, o.max_len_a, o.max_len_b, o.lenpen, o.nbest, o.min_len, prefix, wanted=wanted, max_len=o.max_len,
-                       **repeats)
+                       **common)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TextIO
 import torch
 
 from . import allocator, ensemble, log, pipeline, precision
-from .alignment import align_hypotheses, format_alignment, resolve_layer
+from .alignment import format_alignment, pairs, resolve_layer
 from .errors import ConfigError, InputError
 from .config import DecodeConfig, Sampling, SearchOptions, TranslateConfig
 from .model import padded
@@ -153,7 +153,7 @@ class Translator:
         use_workers = config.workers > 1
         if use_workers and device.type != "cpu":
             raise ConfigError(f"--workers runs CPU decoding processes; on {device.type} use one (drop --workers)")
-        if use_workers and not config.alignments:  # the workers hold the models: N workers, N models
+        if use_workers:  # the workers hold the models: N workers, N models
             model, tokenizer_bytes, configs = ensemble.load_header(paths)
         else:
             model, tokenizer_bytes, configs = ensemble.load(paths, device, config.precision, config.quantize)
@@ -257,10 +257,11 @@ class Translator:
 
 
     def search_batch(self, rows: list[list[int]], keys: list[int], options: Optional[SearchOptions] = None,
-                     prefixes: Optional[list[list[int]]] = None, constraints: Optional[list] = None,
+                     prefixes: Optional[list[list[int]]] = None, constraints: Optional[list] = None, align: bool = False,
                      wanted: Optional[Callable[[], Optional[torch.Tensor]]] = None) -> tuple[list[list[Hypothesis]], Optional[list]]:
         """One batch: token ids (without EOS) of each sentence and its key (input line number) ->
-        hypotheses per sentence, and with print_alignment their alignments. prefixes: each sentence's
+        hypotheses per sentence, and with print_alignment (or `align`: markup to place) every
+        hypothesis's alignment, from the search's own attention (search.py). prefixes: each sentence's
         target prefix ids (empty: none); sentences with prefixes of one length are searched together,
         the prefix decoded in one pass. constraints: each sentence's groups of alternative token
         sequences (constraint_ids). wanted: which sentences are still wanted (search.py). Worker
@@ -271,6 +272,7 @@ class Translator:
         for i in range(len(rows)):
             by_length.setdefault(len(prefixes[i]) if prefixes else 0, []).append(i)
         hyps: list = [None] * len(rows)
+        layer = resolve_layer(c.alignment_layer, self.aligner.config.decoder_layers, "--alignment-layer") if c.alignments or align else None
         with torch.inference_mode():  # the model is already in its decoding precision (precision.py)
             for n, group in by_length.items():
                 part = src if len(group) == len(rows) else self.source_tensor([rows[i] for i in group])
@@ -278,11 +280,11 @@ class Translator:
                 found = search(self.model, part, options, keys=torch.tensor([keys[i] for i in group]) if options.sampling else None,
                                prefix=prefix, constraints=[constraints[i] for i in group] if constraints else None,
                                pieces=self.word_pieces if constraints else None,
-                               wanted=_subset(wanted, group) if wanted is not None and len(group) < len(rows) else wanted)
+                               wanted=_subset(wanted, group) if wanted is not None and len(group) < len(rows) else wanted,
+                               align_layer=layer)
                 for i, h in zip(group, found):
                     hyps[i] = h
-            # one forced pass over the final hypotheses; search is untouched
-            aligned = list(align_hypotheses(self.aligner, src, hyps, c.alignment_layer)) if c.alignments else None
+        aligned = [[pairs(h.alignment) for h in sent] for sent in hyps] if layer is not None else None
         return hyps, aligned
 
     def translate(self, lines: Union[str, Iterable[str]], options: Optional[SearchOptions] = None,

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from seqtool.alignment import align_hypotheses, force_decode, format_alignment, hard_alignment
+from seqtool.alignment import force_decode, format_alignment, hard_alignment, pairs
 from seqtool.config import ConfigError, DecodeConfig, SearchOptions, TranslateConfig, model_config_for
 from seqtool.model import MultiHeadAttention
 from seqtool.search import Hypothesis
@@ -67,16 +67,6 @@ def test_weights_times_values_reproduce_the_fused_attention_of_every_layer(tiny_
 
 
 @pytest.mark.unit
-def test_one_layers_cross_weights_alone_are_those_of_the_full_forced_pass(tiny_model):
-    # alignments take model.cross_weights: the encoder on its fast path, the decoder up to the layer
-    src, tgt_in = _batch()
-    with torch.no_grad():
-        full = force_decode(tiny_model, src, tgt_in)
-        for layer in range(tiny_model.config.decoder_layers):
-            torch.testing.assert_close(tiny_model.cross_weights(src, tgt_in, layer), full.cross[layer], rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.unit
 def test_masked_positions_get_exactly_zero(tiny_model):
     src, tgt_in = _batch()
     weights = force_decode(tiny_model, src, tgt_in)
@@ -102,17 +92,55 @@ def test_hard_alignment_averages_heads_and_never_aligns_eos():
     assert hard_alignment(cross, 3, 0) == []
 
 
+def _forced_alignment(model, src_row, tokens, layer):
+    """fairseq's hard alignment of a given output, from a teacher-forced pass over one sentence alone."""
+    c = model.config
+    n = int((src_row.ne(c.pad_id) & src_row.ne(c.eos_id)).sum())
+    with torch.no_grad():
+        cross = force_decode(model, src_row[: n + 1][None], torch.tensor([[c.bos_id, *tokens]])).cross[layer][0]
+    return hard_alignment(cross, n, len(tokens))
+
+
 @pytest.mark.unit
-def test_alignments_of_a_batch_are_those_of_each_sentence_alone(tiny_model):
-    src, _ = _batch()
-    hyps = [[Hypothesis([5, 6, 7, 8], -1.0), Hypothesis([9], -2.0)], [Hypothesis([10, 11], -1.0)]]
-    together = align_hypotheses(tiny_model, src, hyps)
-    alone = [align_hypotheses(tiny_model, src[b : b + 1, : 7 if b == 0 else 5], [hyps[b]]) for b in range(2)]
-    assert together == [alone[0][0], alone[1][0]]
-    assert [len(a) for a in together[0]] == [4, 1] and len(together[1][0]) == 2
-    assert all(0 <= i < 4 for i, _ in together[1][0])  # row 1 has 4 real source tokens
+@pytest.mark.parametrize("how", ["greedy", "beam", "sampling", "prefix", "greedy prefix", "constraint"])
+def test_the_searchs_own_alignments_are_the_forced_pass_of_each_sentence_alone(tiny_model, how):
+    """search(align_layer=...) records one layer's attention as it decodes and carries each
+    hypothesis's alignment with its beams: every hypothesis's equals the hard alignment of a
+    forced pass over its sentence alone (so no batch neighbour, beam reorder or finished
+    sentence leaving the batch changes it), for either layer."""
+    from seqtool.config import Sampling
+    from seqtool.search import search
+
+    g = torch.Generator().manual_seed(5)
+    src = torch.randint(4, 40, (4, 9), generator=g)
+    for b, n in enumerate([8, 3, 6, 1]):  # n source tokens, EOS, padding
+        src[b, n] = 3
+        src[b, n + 1 :] = 0
+    options = {"greedy": SearchOptions(beam=1, max_len_b=7), "beam": SearchOptions(beam=3, nbest=3, max_len_b=7),
+               "sampling": SearchOptions(nbest=2, max_len_b=7, sampling=Sampling(seed=1)),
+               "prefix": SearchOptions(beam=2, nbest=2, max_len_b=7), "greedy prefix": SearchOptions(beam=1, max_len_b=7),
+               "constraint": SearchOptions(beam=2, max_len_b=7)}[how]
+    prefix = torch.tensor([[7, 8]] * 4) if "prefix" in how else None
+    constraints = [[[[9, 10]]]] * 4 if how == "constraint" else None
+    for layer in range(tiny_model.config.decoder_layers):
+        with torch.no_grad():
+            found = search(tiny_model, src, options, keys=torch.arange(4), prefix=prefix, constraints=constraints, align_layer=layer)
+        assert sum(len(h) for h in found) == 4 * options.nbest
+        for b, hyps in enumerate(found):
+            for h in hyps:
+                assert len(h.alignment) == len(h.tokens) > 0
+                assert h.alignment == [i for i, _ in _forced_alignment(tiny_model, src[b], h.tokens, layer)]
+        with torch.no_grad():
+            plain = search(tiny_model, src, options, keys=torch.arange(4), prefix=prefix, constraints=constraints)
+        assert [[(h.tokens, h.score, h.alignment) for h in hyps] for hyps in plain] == \
+            [[(h.tokens, h.score, None) for h in hyps] for hyps in found]  # recording changes nothing else
+
+
+@pytest.mark.unit
+def test_alignment_pairs_and_a_layer_the_model_lacks(tiny_checkpoint):
+    assert pairs([2, 0, 0]) == [(2, 0), (0, 1), (0, 2)]
     with pytest.raises(ConfigError, match="--alignment-layer 3: the model has layers 1 to 2"):
-        align_hypotheses(tiny_model, src, hyps, layer=3)
+        Translator.load(tiny_checkpoint, device="cpu", alignments=True, alignment_layer=3)
 
 
 def _need_weights_calls(monkeypatch):
@@ -129,14 +157,18 @@ def _need_weights_calls(monkeypatch):
 
 @pytest.mark.integration
 def test_print_alignment_fields_and_no_cost_when_not_asked(tiny_checkpoint, monkeypatch):
+    from seqtool.cache import KVCache
+
     calls = _need_weights_calls(monkeypatch)
+    recorded = []
+    monkeypatch.setattr(KVCache, "record", lambda self, layer: recorded.append(layer) or setattr(self, "align_layer", layer))
     plain = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu")
     plain.translate(["a b c", "d"])
-    assert calls and not any(calls)  # search never asks for weights
+    assert calls and not any(calls) and not recorded  # search never asks for weights unless alignments are wanted
     t = Translator.load(tiny_checkpoint, beam=2, nbest=2, max_len_b=6, device="cpu", alignments=True)
     calls.clear()
     results = t.translate_chunk(0, ["a b c", "", "d"])
-    assert any(calls)
+    assert not any(calls) and recorded == [1]  # no second pass: the search's own weights, the last layer's
     lines = "".join(format_translation(r, TranslateConfig(print_alignment=True), 2) for r in results).splitlines()
     fields = [line.split("\t") for line in lines]
     assert [f[0] for f in fields] == ["0", "0", "1", "1", "2", "2"] and all(len(f) == 4 for f in fields)
