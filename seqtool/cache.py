@@ -58,8 +58,9 @@ class KVCache:
     pending: Optional[Tensor] = None  # a reorder not yet applied to the self-attention keys/values
     unsettled: list[int] = field(default_factory=list)  # layers it has not been applied to
     key_bias: Optional[Tensor] = None  # (B / group * H, 1, S) 0 or -inf at padding; see padding_bias
-    align_layer: Optional[int] = None  # the decoder layer (0-based) whose cross-attention `attended` keeps
-    attended: Optional[Tensor] = None  # (B, T, S) that layer's weights in the last decoder call, heads averaged
+    align_layer: Optional[int] = None  # the decoder layer (0-based) whose cross-attention `attended` follows
+    align_bias: Optional[Tensor] = None  # (B / group, S) 0 at the source's tokens, -inf at its EOS and padding
+    attended: Optional[Tensor] = None  # (B, T) per row and new position, the source token that layer attended to most
 
     GROW = 32  # positions added when a buffer is full: at most 32 unused positions per row
 
@@ -97,9 +98,20 @@ class KVCache:
         return kb[:, :, : t + T], vb[:, :, : t + T]
 
     def record(self, layer: int) -> None:
-        """Keep decoder layer `layer`'s encoder-decoder attention, averaged over heads, in `attended`
-        at every decoder call: the weights the search itself used (search.py's alignments)."""
+        """At every decoder call, keep in `attended` which source token decoder layer `layer`'s
+        encoder-decoder attention, summed over heads, weighted most for each row and new position,
+        EOS and padding never (fairseq's hard alignment): the weights the search itself used
+        (search.py's alignments). Rows are right-padded sources ending in EOS (src_pad)."""
         self.align_layer = layer
+        eos = (~self.src_pad).sum(1, keepdim=True) - 1  # (B / group, 1) the EOS's position
+        bias = torch.zeros(self.src_pad.shape, dtype=torch.float32, device=self.src_pad.device)
+        self.align_bias = bias.masked_fill_(self.src_pad, float("-inf")).scatter_(1, eos, float("-inf"))
+
+    def keep_attended(self, weights: Tensor, rows: int, group: int) -> None:
+        """weights (B / G, H, G*T, S) of the recorded layer (G rows of a sentence sharing its source,
+        grouped as attention computes them) -> attended (B, T), B = rows."""
+        best = (weights.float().sum(1) + self.align_bias[:, None, :]).argmax(dim=-1)  # (B / G, G*T)
+        self.attended = best.view(rows, -1)
 
     def reorder(self, index: Tensor, cross: bool = True, group: Optional[int] = None) -> None:
         if self.self_k:  # gathered lazily, layer by layer, by the next append (see the class docstring)
@@ -147,4 +159,6 @@ class KVCache:
         self.cross_v = [v.index_select(0, sentence) for v in self.cross_v]
         if self.src_pad is not None:
             self.src_pad = self.src_pad.index_select(0, sentence)
+        if self.align_bias is not None:
+            self.align_bias = self.align_bias.index_select(0, sentence)
         self.key_bias = None

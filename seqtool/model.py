@@ -87,18 +87,18 @@ class MultiHeadAttention(nn.Module):
         record = self.cross and cache is not None and cache.align_layer == layer  # the search keeps these weights
         if path == "step":
             out, probs = self._step_attention(q, k, v, cache.padding_bias(self.h) if self.cross else None)
-            if record:  # (B/G * H, G*T, S) -> heads averaged (B/G, G*T, S) -> one row per hypothesis (B, T, S)
-                cache.attended = probs.view(B // G, self.h, G * T, -1).mean(1).view(B, T, -1)
+            if record:
+                cache.keep_attended(probs.view(B // G, self.h, G * T, -1), B, G)
             return self._merge_heads(out.to(x.dtype), B, T, G), None
         if record and path == "sdpa":
             path = "explicit"  # (SDPA gives no weights)
         out, weights = self._attend(q, k, v, key_pad, causal, explicit=path == "explicit", need_weights=need_weights or record)
         if path == "explicit":
             out = out.to(x.dtype)  # (float32 from a CPU decoding cache)
+        if record:
+            cache.keep_attended(weights, B, G)  # (still grouped)
         if G > 1 and weights is not None:
             weights = self._ungroup(weights, B, T, G)
-        if record:
-            cache.attended = weights.float().mean(1)  # (B, T, S)
         return self._merge_heads(out, B, T, G), weights if need_weights else None
 
     def _project(self, x: Tensor, memory: Optional[Tensor], cache: Optional[KVCache], layer: int):

@@ -58,21 +58,12 @@ class Hypothesis:
     alignment: Optional[list[int]] = None  # per token, the source position it attended to most (search's align_layer)
 
 
-def _aligned(cache, real: Tensor) -> Tensor:
-    """For each row and position of the last decoder call, the source position its attention (the
-    recorded layer's, heads averaged: KVCache.attended (rows, T, S)) weighted most; real (rows, S):
-    True at the source's tokens (not EOS, not padding), which alone may be chosen -> (rows, T)."""
-    return cache.attended.masked_fill(~real[:, None, :], -1.0).argmax(dim=-1)
-
-
-def _recording(model, cache, src: Tensor, align_layer: Optional[int]) -> Optional[Tensor]:
-    """Start recording the alignment layer's attention (KVCache.record); (B, S) True at the source's
-    tokens, or None when no alignments are wanted."""
-    if align_layer is None:
-        return None
-    cache.record(align_layer)
-    c = model.config
-    return src.ne(c.pad_id) & src.ne(c.eos_id)
+def _recording(cache, align_layer: Optional[int]) -> bool:
+    """Start recording the alignment layer's attention (KVCache.record: after each decoder call its
+    `attended` (rows, T) holds the source position each row's new positions attended to most)."""
+    if align_layer is not None:
+        cache.record(align_layer)
+    return align_layer is not None
 
 
 def _max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int, max_positions: int, max_len: int = 0) -> Tensor:
@@ -265,7 +256,7 @@ def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float,
     repeats = RepeatBans.of(src, no_repeat_ngram_size, loop_guard, c)
     memory, src_pad = model.encode(src)
     cache = model.new_cache(memory, src_pad, group=N)  # the sentence's N rows adjacent
-    real = _recording(model, cache, src, align_layer)  # (B, S) or None
+    recording = _recording(cache, align_layer)
     limit = _max_lengths(src_pad, max_len_a, max_len_b, c.max_positions, max_len).repeat_interleave(N)  # (B*N,)
     P = 0 if prefix is None else prefix.size(1)
     L = max(int(limit.max()), P) + 1
@@ -275,18 +266,18 @@ def _one_path_per_row(model, src: Tensor, copies: int, choose, max_len_a: float,
     out = torch.full((R, L), c.pad_id, dtype=torch.long, device=device)
     score = torch.zeros(R, device=device)
     lengths = torch.zeros(R, dtype=torch.long, device=device)
-    links = torch.zeros((R, L), dtype=torch.long, device=device) if real is not None else None  # (R, L) alignments
+    links = torch.zeros((R, L), dtype=torch.long, device=device) if recording else None  # (R, L) alignments
     first = None
     if P:
         rows_prefix = prefix.repeat_interleave(N, dim=0)  # (R, P)
         score, first = _prefix_pass(model, torch.cat([last, rows_prefix], dim=1), cache, limit, min_len)
         out[:, :P] = rows_prefix
         if links is not None:
-            links[:, : P + 1] = _aligned(cache, real.repeat_interleave(N, dim=0))  # (R, P + 1)
+            links[:, : P + 1] = cache.attended  # (R, P + 1)
     for step in range(P, L):
         lprobs = first if step == P and first is not None else _step_lprobs(model, last, cache, step, limit[alive], min_len)
         if links is not None and not (step == P and first is not None):
-            links[alive, step] = _aligned(cache, real[alive // N])[:, -1]
+            links[alive, step] = cache.attended[:, -1]
         if repeats is not None:
             repeats.ban(lprobs, out[alive, :step], alive // N)
         token = choose(lprobs, alive, step)  # (rows,)
@@ -593,8 +584,8 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
     # best candidates then become the K beams (rows = K, adjacent; cross-attention K/V kept once
     # per sentence).
     cache = model.new_cache(memory, src_pad, group=1)
-    real = _recording(model, cache, src, align_layer)  # (B, S) or None
-    links = torch.zeros((B, 0), dtype=torch.long, device=device) if real is not None else None  # (b*rows, t)
+    recording = _recording(cache, align_layer)
+    links = torch.zeros((B, 0), dtype=torch.long, device=device) if recording else None  # (b*rows, t)
     rows = 1
     alive = torch.arange(B, device=device)  # (b,) original index of each active sentence
     tokens = torch.full((B, 1), c.bos_id, dtype=torch.long, device=device)  # (b*rows, 1+t) BOS and the output so far
@@ -606,7 +597,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         scores = prefix_lp[:, None]
         choice.start(prefix)
         if links is not None:
-            links = _aligned(cache, real)  # (B, P + 1): the prefix's and the next token's
+            links = cache.attended  # (B, P + 1): the prefix's and the next token's
     finished = _Finished(B, K, L, c.pad_id, device, links is not None)
     for step in range(P, L):
         b = alive.numel()
@@ -616,7 +607,7 @@ def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_l
         else:
             lprobs = _step_lprobs(model, tokens[:, -1:], cache, step, limit, min_len)  # (b*rows, V)
             if links is not None:  # the source position each row attends to most as it chooses this step's token
-                links = torch.cat([links, _aligned(cache, real[alive].repeat_interleave(rows, dim=0))], dim=1)
+                links = torch.cat([links, cache.attended], dim=1)
         if repeats is not None:
             repeats.ban(lprobs, tokens[:, 1:], alive.repeat_interleave(rows), choice.exempt)
         choice.restrict(lprobs, step, limit <= step)

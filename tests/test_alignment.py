@@ -161,7 +161,8 @@ def test_print_alignment_fields_and_no_cost_when_not_asked(tiny_checkpoint, monk
 
     calls = _need_weights_calls(monkeypatch)
     recorded = []
-    monkeypatch.setattr(KVCache, "record", lambda self, layer: recorded.append(layer) or setattr(self, "align_layer", layer))
+    record = KVCache.record
+    monkeypatch.setattr(KVCache, "record", lambda self, layer: recorded.append(layer) or record(self, layer))
     plain = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu")
     plain.translate(["a b c", "d"])
     assert calls and not any(calls) and not recorded  # search never asks for weights unless alignments are wanted
