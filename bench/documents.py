@@ -206,7 +206,7 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=2251)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-results", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3, help="timings of plain, paragraphs and HTML, median taken (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="timings of plain, paragraphs and HTML, median taken (default 5)")
     a = parser.parse_args()
     from seqtool.device import cpu_bf16_instructions, cpu_capability
 
