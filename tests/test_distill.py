@@ -178,9 +178,12 @@ def test_distill_original_without_a_teacher_is_a_one_line_error(tmp_path):
 
 @pytest.mark.system
 def test_two_processes_share_the_teachers_pass_and_make_the_same_split(taught, tmp_path):
+    # torchrun on the raw files (prepared with the teacher's tokenizer) against one process on the DATA_DIR
+    # binarized with it: the same source ids, so the same cache key and the same translations
     d, teacher = taught
+    raw = ["--src", "src", "--tgt", "tgt", "--train", str(d / "train"), "--valid", str(d / "valid")]
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "seqtool", "train",
-               str(d / "bin"), "--save-dir", str(tmp_path / "two"), "--teacher", str(teacher), "--arch", "tiny",
+               *raw, "--save-dir", str(tmp_path / "two"), "--teacher", str(teacher), "--arch", "tiny",
                "--max-updates", "1", "--max-tokens", "600", "--threads", "1", "--device", "cpu"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
