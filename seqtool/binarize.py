@@ -121,6 +121,10 @@ def _encode_chunk(lines: list[str]) -> list[list[int]]:
     return _worker_tokenizer.encode_batch(lines)
 
 
+def unaligned(src, na: int, tgt, nb: int) -> InputError:
+    return InputError(f"{src} has {na} lines but {tgt} has {nb}; the two sides of a parallel corpus must align line by line")
+
+
 def _paired_chunks(src: Path, tgt: Path, errors: str) -> Iterator[tuple[list[str], list[str]]]:
     """Chunks of aligned lines; unequal line counts stop with both files and counts named."""
     src_lines, tgt_lines = read_lines(src, errors), read_lines(tgt, errors)
@@ -132,7 +136,7 @@ def _paired_chunks(src: Path, tgt: Path, errors: str) -> Iterator[tuple[list[str
         if len(a) != len(b):
             na = n + (len(a) - min(len(a), len(b))) + sum(1 for _ in src_lines)
             nb = n + (len(b) - min(len(a), len(b))) + sum(1 for _ in tgt_lines)
-            raise InputError(f"{src} has {na} lines but {tgt} has {nb}; the two sides of a parallel corpus must align line by line")
+            raise unaligned(src, na, tgt, nb)
         if not a:
             return
         yield a, b

@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from .config import DecodeConfig, Sampling, SearchOptions, ServeConfig, TranslateConfig, field_info
+from .config import DecodeConfig, Sampling, SearchOptions, ServeConfig, TrainConfig, TranslateConfig, field_info
 from .errors import ConfigError
 from .exits import handles_user_errors
 
@@ -66,8 +66,8 @@ def train_tokenizer_cmd(
 @handles_user_errors
 def binarize(
     *,
-    src: Annotated[str, typer.Option("--src", help="Source language suffix.")],
-    tgt: Annotated[str, typer.Option("--tgt", help="Target language suffix.")],
+    src: Annotated[Optional[str], typer.Option("--src", help="Source language suffix.")] = None,
+    tgt: Annotated[Optional[str], typer.Option("--tgt", help="Target language suffix.")] = None,
     train: Annotated[Optional[str], typer.Option("--train", help="Training files prefix: PREFIX.SRC, PREFIX.TGT.")] = None,
     valid: Annotated[Optional[str], typer.Option("--valid", help="Validation files prefix.")] = None,
     test: Annotated[Optional[str], typer.Option("--test", help="Test files prefix.")] = None,
@@ -76,12 +76,30 @@ def binarize(
     workers: Workers = 1,
     errors: Errors = "strict",
     force: Force = False,
+    corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="SRC-TGT:PREFIX, repeatable: several pairs into one multilingual DATA_DIR (each pair in DATA_DIR/SRC-TGT, target tags after the tokenizer's pieces), for train.")] = None,
+    valid_corpus: Annotated[Optional[list[str]], typer.Option("--valid-corpus", help="SRC-TGT:PREFIX, one per --corpus pair: its validation files.")] = None,
 ):
     """Encode parallel text into memory-mapped token arrays in DATA_DIR."""
     from .binarize import SplitSpec, binarize as run
 
     if errors not in ("strict", "replace"):
         raise ConfigError(f"--errors must be strict or replace, got {errors!r}")
+    if corpus or valid_corpus:
+        from .languages import pair_corpora
+        from .training.multilingual import binarize_pairs, check_options
+
+        check_options(corpus, valid_corpus, {"--src": src, "--tgt": tgt, "--train": train, "--valid": valid, "--test": test})
+        corpora = pair_corpora(corpus or [], valid_corpus or [])
+        if len(corpora) == 1:  # one pair: a one-pair DATA_DIR (no tags), as --src/--tgt/--train/--valid make
+            (c, v), = corpora
+            src, tgt, train, valid = c.src, c.tgt, c.prefix, v.prefix
+        else:
+            meta = binarize_pairs(corpora, tokenizer, out, workers, force)
+            typer.echo(f"wrote {out}: {', '.join(f'{s}-{t}' for s, t in meta['languages']['pairs'])}, "
+                       f"{meta['splits']['train']['lines']:,} training lines", err=True)
+            return
+    if not src or not tgt:
+        raise ConfigError("give --src and --tgt (or --corpus SRC-TGT:PREFIX pairs)")
     splits = [SplitSpec(name, prefix) for name, prefix in (("train", train), ("valid", valid), ("test", test)) if prefix]
     if not splits:
         raise ConfigError("give at least one of --train, --valid, --test")
@@ -136,6 +154,9 @@ def train(
     tgt_lang: TgtLang = None,
     train_prefix: Annotated[Optional[str], typer.Option("--train", help="Raw training files prefix.")] = None,
     valid_prefix: Annotated[Optional[str], typer.Option("--valid", help="Raw validation files prefix.")] = None,
+    corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="SRC-TGT:PREFIX, repeatable: train one model on several pairs (PREFIX.SRC and PREFIX.TGT, plain or .gz), the target language a tag in front of the source; one joint tokenizer.")] = None,
+    valid_corpus: Annotated[Optional[list[str]], typer.Option("--valid-corpus", help="SRC-TGT:PREFIX, one per --corpus pair: its validation files (loss, BLEU and chrF per pair; best.pt by their mean).")] = None,
+    lang_temperature: Annotated[Optional[float], typer.Option("--lang-temperature", help=field_info(TrainConfig, "lang_temperature")["help"] + f" [default: {field_info(TrainConfig, 'lang_temperature')['default']:g}]")] = None,
     vocab_size: Annotated[int, typer.Option("--vocab-size", help="Tokenizer size when training on raw files.")] = 8000,
     input_sentence_size: Annotated[int, typer.Option("--input-sentence-size", help="Raw files: the tokenizer trains on a sample of this many lines (0 = all).")] = 1_000_000,
     workers: Workers = 1,
@@ -155,7 +176,7 @@ def train(
                    save_interval_updates=save_interval_updates, keep_last=keep_last,
                    tensorboard_dir=str(tensorboard_dir) if tensorboard_dir else None, update_freq=update_freq,
                    dist_timeout=dist_timeout, compile=compile, ema_decay=ema_decay, precision=precision, device=device,
-                   seed=seed, threads=threads, src_lang=src_lang, tgt_lang=tgt_lang)
+                   seed=seed, threads=threads, src_lang=src_lang, tgt_lang=tgt_lang, lang_temperature=lang_temperature)
     settings = train_settings(arch, options, config_file)
     tune = None
     if finetune is not None:  # the model comes from the checkpoint; what was asked explicitly is checked against it
@@ -163,7 +184,22 @@ def train(
 
         tune = Finetune(finetune, settings.asked_model)
     raw = None
-    if data_dir is None:
+    from .training.multilingual import check_options
+
+    check_options(corpus, valid_corpus, {"DATA_DIR": data_dir, "--src": src_lang, "--tgt": tgt_lang, "--train": train_prefix,
+                                         "--valid": valid_prefix})
+    if corpus:
+        from .languages import pair_corpora
+
+        corpora = pair_corpora(corpus, valid_corpus or [])
+        if len(corpora) == 1:  # one pair: a one-pair run, exactly as --src/--tgt/--train/--valid (no tags)
+            (c, v), = corpora
+            src_lang, tgt_lang, train_prefix, valid_prefix = c.src, c.tgt, c.prefix, v.prefix
+            settings = train_settings(arch, {**options, "src_lang": src_lang, "tgt_lang": tgt_lang}, config_file)
+        else:
+            raw = RawData(tokenizer=TokenizerConfig(vocab_size=vocab_size, input_sentence_size=input_sentence_size),
+                          workers=workers, corpora=corpora)
+    if raw is None and data_dir is None:
         if not (src_lang and tgt_lang and train_prefix and valid_prefix):
             raise ConfigError("give a DATA_DIR, or raw files with --src, --tgt, --train and --valid")
         raw = RawData(train_prefix, valid_prefix, TokenizerConfig(vocab_size=vocab_size, input_sentence_size=input_sentence_size), workers)
@@ -251,6 +287,8 @@ def translate(
     glossary_ignore_case: Annotated[bool, _option(TranslateConfig, "glossary_ignore_case")] = _default(TranslateConfig, "glossary_ignore_case"),
     split_sentences: Annotated[str, _option(TranslateConfig, "split_sentences")] = _default(TranslateConfig, "split_sentences"),
     format: Annotated[str, _option(TranslateConfig, "format")] = _default(TranslateConfig, "format"),
+    src_lang: Annotated[str, _option(TranslateConfig, "src_lang")] = _default(TranslateConfig, "src_lang"),
+    tgt_lang: Annotated[str, _option(TranslateConfig, "tgt_lang")] = _default(TranslateConfig, "tgt_lang"),
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
     from .translate import recorded_defaults, settings, translate_file
@@ -264,7 +302,8 @@ def translate(
     io = TranslateConfig(print_scores=print_scores, print_alignment=print_alignment, errors=errors, score_reference=score_reference,
                          **{k: str(v) if v is not None else "" for k, v in (("target", target), ("target_prefix", target_prefix),
                                                                             ("constraints", constraints), ("glossary", glossary))},
-                         glossary_ignore_case=glossary_ignore_case, split_sentences=split_sentences, format=format)
+                         glossary_ignore_case=glossary_ignore_case, split_sentences=split_sentences, format=format,
+                         src_lang=src_lang, tgt_lang=tgt_lang)
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint
     if output is None:
@@ -360,13 +399,14 @@ def attention(
     device: Annotated[str, _option(DecodeConfig, "device")] = _default(DecodeConfig, "device"),
     precision: Annotated[str, typer.Option("--precision", help="fp32 (the weights drawn as trained), bf16 or fp16 (CUDA); auto as translate's.")] = "fp32",
     threads: Annotated[int, _option(DecodeConfig, "threads")] = _default(DecodeConfig, "threads"),
+    tgt_lang: Annotated[str, _option(TranslateConfig, "tgt_lang")] = _default(TranslateConfig, "tgt_lang"),
 ):
     """Draw the attention of one sentence: every head of the encoder, decoder and encoder-decoder attention."""
     from .plot import show_attention
 
     config = DecodeConfig(device=device, precision=precision, threads=threads)
     show_attention(checkpoint, source, config, SearchOptions(beam=beam, lenpen=lenpen), target=target, output=output, layer=layer, all_layers=all_layers,
-                   terminal=terminal)
+                   terminal=terminal, tgt_lang=tgt_lang)
     if output is not None:
         typer.echo(f"wrote {output}", err=True)
 

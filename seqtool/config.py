@@ -197,10 +197,14 @@ class ModelConfig(_Validated):
     pad_id: int = setting(0, ge=0)
     bos_id: int = setting(2, ge=0)
     eos_id: int = setting(3, ge=0)
+    # the last `language_tags` ids name a target language in front of the source (languages.py): never generated
+    language_tags: int = setting(0, ge=0)
 
     def validate(self):
         self._check(self.d_model % self.n_heads == 0, f"`d_model` {self.d_model} is not divisible by `n_heads` {self.n_heads}")
         self._check(self.vocab_size > max(self.pad_id, self.bos_id, self.eos_id), "`vocab_size` too small for the special ids")
+        self._check(self.vocab_size - self.language_tags > max(self.pad_id, self.bos_id, self.eos_id),
+                    "`language_tags` leave too few ids for the tokenizer's pieces")
 
 
 PRESETS: dict[str, dict[str, int]] = {
@@ -257,6 +261,10 @@ class TrainConfig(_Validated):
     threads: int = setting(0, ge=0, le=4096)  # 0 = torch's default
     src_lang: str = setting("", option="--src")
     tgt_lang: str = setting("", option="--tgt")
+    # several --corpus pairs: each pair's share of an epoch is its share of the lines to the power 1/T
+    # (languages.temperature_shares; Arivazhagan et al., 2019); one pair ignores it
+    lang_temperature: float = setting(5.0, "Several --corpus pairs: each pair's share of an epoch is its share of the lines to the "
+                                           "power 1/T (1: as the data is; large: every pair alike).", gt=0.0, le=1e6, option="--lang-temperature")
     # validation (validate.py): BLEU/chrF by decoding with translate's search, best.pt, early stopping
     eval_bleu: bool = False
     eval_bleu_beam: int = setting(4, ge=1, le=1024)
@@ -371,6 +379,9 @@ class TranslateConfig(_Validated):
                                            "always: every line so; never: lines whole.")
     format: str = setting("text", "text: one segment per line; html or markdown: the input is one document, the output one "
                                   "document (markup kept, text translated).")
+    src_lang: str = setting("", "The input's language: checked against the model's, and for a multilingual model, with "
+                                "--tgt-lang, whether the pair was trained (a zero-shot pair is translated, with a warning).")
+    tgt_lang: str = setting("", "The language to translate into: required for a model trained into several (it lists them).")
 
     def validate(self):
         self._check(self.errors in ("strict", "replace"), f"`errors` must be strict or replace, got {self.errors!r}")

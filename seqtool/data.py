@@ -109,6 +109,70 @@ class _Joined:
         return self.arrays[k][int(i - self.starts[k])]
 
 
+class _Tagged:
+    """Token arrays with one id in front of every sequence: a source side led by its target-language
+    tag (languages.py)."""
+
+    def __init__(self, array, tag: int):
+        self.array, self.tag = array, np.asarray([tag], dtype=np.int64)  # (a tag may be past uint16's ids)
+        self.lengths = array.lengths + 1
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.concatenate([self.tag, self.array[i]])
+
+
+class _Indexed:
+    """The sequences of an array at `index` (repeats allowed): one epoch's sample of a mixture."""
+
+    def __init__(self, array, index: np.ndarray):
+        self.array, self.index = array, index
+        self.lengths = array.lengths[index]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.array[int(self.index[i])]
+
+
+def tagged(dataset: ParallelDataset, tag: int) -> ParallelDataset:
+    """dataset with `tag` in front of every source sequence."""
+    out = ParallelDataset.__new__(ParallelDataset)
+    out.src, out.tgt = _Tagged(dataset.src, tag), dataset.tgt
+    return out
+
+
+class Mixture:
+    """Several pairs' training sets, each source led by its target-language tag, drawn anew every
+    epoch in the given shares (languages.temperature_shares): an epoch holds as many pairs as all
+    the sets together, a pair with a share above its size repeats lines, one below it leaves some
+    out (different ones each epoch). Draws are seeded by (seed, epoch): every rank, and a resumed
+    run, sees the same epoch."""
+
+    def __init__(self, parts: Sequence[ParallelDataset], tags: Sequence[int], shares: Sequence[float]):
+        self.sizes = [len(p) for p in parts]
+        self.shares = list(shares)
+        self.joined = ParallelDataset.joined([tagged(p, t) for p, t in zip(parts, tags)])
+        self.starts = np.cumsum([0] + self.sizes)
+
+    def epoch(self, seed: int, epoch: int) -> ParallelDataset:
+        rng = np.random.default_rng([seed, epoch])
+        total = sum(self.sizes)
+        index = []
+        for k, (n, share) in enumerate(zip(self.sizes, self.shares)):
+            m = int(round(total * share)) if n else 0
+            whole, rest = divmod(m, n) if n else (0, 0)
+            index += [np.tile(np.arange(n), whole), rng.choice(n, rest, replace=False)]
+            index[-2:] = [part + self.starts[k] for part in index[-2:]]
+        chosen = np.concatenate(index).astype(np.int64)
+        out = ParallelDataset.__new__(ParallelDataset)
+        out.src, out.tgt = _Indexed(self.joined.src, chosen), _Indexed(self.joined.tgt, chosen)
+        return out
+
+
 def length_profile(lengths: np.ndarray) -> dict[str, int]:
     """What a split's line lengths (tokens) look like: the median, 90th, 99th percentile and the
     longest. A checkpoint keeps its training source's, so translate knows which lines are longer

@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 from . import checkpoint
 from .errors import ConfigError, InputError
+from .languages import Languages
 
 FORMATS = ("ctranslate2",)
 # Weight types CTranslate2 can store (its converters' --quantization); None keeps float32.
@@ -125,6 +126,9 @@ def ctranslate2_spec(ckpt: dict[str, Any]):
     c = model.config
     sp = Tokenizer(checkpoint.tokenizer_bytes(ckpt), "checkpoint (tokenizer)").sp
     vocab = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    languages = Languages.from_dict(ckpt["configs"].get("languages"))
+    if languages is not None:  # a multilingual model's target tags: tokens >>lang<< after the pieces, put first in a source
+        vocab += [f">>{t}<<" for t in languages.targets]
     if len(vocab) != c.vocab_size:
         raise InputError(f"checkpoint: tokenizer has {len(vocab)} pieces but the model {c.vocab_size} outputs; cannot export")
 
@@ -149,6 +153,8 @@ def ctranslate2_spec(ckpt: dict[str, Any]):
     dec.projection.weight = _numpy(model.output.weight)  # (V, D), the embedding when tied
     bias = torch.zeros(c.vocab_size)
     bias[[c.pad_id, c.bos_id]] = BANNED_LOGIT_BIAS  # seqtool's search never emits these
+    if c.language_tags:
+        bias[c.vocab_size - c.language_tags:] = BANNED_LOGIT_BIAS  # nor a target-language tag
     dec.projection.bias = _numpy(bias)
 
     spec = TransformerSpec(enc, dec)

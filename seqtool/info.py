@@ -18,6 +18,7 @@ from typing import Any, Optional
 from rich import filesize
 
 from . import checkpoint
+from .languages import Languages
 from .tokenizer import Tokenizer
 
 # progress keys shown, in order, with their labels (others stay in --json only)
@@ -74,7 +75,9 @@ class CheckpointInfo:
         if self.averaged_from:
             rows.append(("averaged from", ", ".join(self.averaged_from)))
         for section, values in self.configs.items():
-            if isinstance(values, dict):
+            if section == "languages":  # a multilingual model: its pairs, their training shares, the tags
+                rows.append(("languages", Languages.from_dict(values).describe()))
+            elif isinstance(values, dict):
                 rows.append((section, " ".join(f"{k}={_plain(v)}" for k, v in values.items())))
         width = max(len(label) for label, _ in rows)
         return "\n".join(f"{label:<{width}}  {value}" for label, value in rows) + "\n"

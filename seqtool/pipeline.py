@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from . import log
+from .errors import ConfigError
 from .config import SearchOptions
 from .data import make_batches
 from .markup import Span, Unit
@@ -55,6 +56,7 @@ class Segment:
     constraints: list = field(default_factory=list)  # groups of alternative token sequences it must contain
     origin: Origin = Origin()
     align: bool = False  # its best translation's alignment is wanted (markup or placeholders to place)
+    tag: Optional[int] = None  # a multilingual model's target-language tag, put in front of the source (languages.py)
 
 
 @dataclass
@@ -82,12 +84,21 @@ def encode(translator, texts: Sequence[str], origins: Sequence[Origin], prefixes
                 seqs[k] = seqs[k][:limit]
     groups = [translator.constraint_ids(items) for items in constraints] if constraints is not None else [[] for _ in ids]
     keys = keys if keys is not None else [o.line for o in origins]
-    return [Segment(key, text, i, p, g, o) for key, text, i, p, g, o in zip(keys, texts, ids, prefix_ids, groups, origins)]
+    tag = translator.tag  # a multilingual model's chosen target language (None: no tag)
+    return [Segment(key, text, i, p, g, o, tag=tag) for key, text, i, p, g, o in zip(keys, texts, ids, prefix_ids, groups, origins)]
 
 
 def lines(start: int, texts: Sequence[str], what: str = "line") -> list[Origin]:
     """The origins of consecutive lines numbered from `start` (0-based; named 1-based)."""
     return [Origin(line=start + k, label=f"{what} {start + k + 1}") for k in range(len(texts))]
+
+
+def check_target(translator, segments: Sequence[Segment] = ()) -> None:
+    """A model trained into several languages translates a segment only into a chosen one."""
+    langs = translator.languages
+    if langs is not None and (translator.tag is None if not segments else any(s.tag is None for s in segments)):
+        raise ConfigError(f"this model translates into {', '.join(langs.targets)}: choose one with --tgt-lang "
+                          "(Python: tgt_lang=; the server: target)")
 
 
 def run(translator, segments: Sequence[Segment], options: SearchOptions,
@@ -98,8 +109,10 @@ def run(translator, segments: Sequence[Segment], options: SearchOptions,
     limit) gets a warning naming it."""
     from .constraints import satisfied
 
-    ids = [s.ids[: translator.max_src] for s in segments]  # (stored ids, e.g. validation's, are cropped silently)
-    todo = [k for k, seq in enumerate(ids) if seq]  # an empty segment translates to nothing
+    check_target(translator, segments)
+    # (stored ids, e.g. validation's, are cropped silently); a target-language tag leads the source
+    ids = [s.ids[: translator.max_src] if s.tag is None else [s.tag, *s.ids[: translator.max_src - 1]] for s in segments]
+    todo = [k for k, s in enumerate(segments) if s.ids]  # an empty segment translates to nothing
     batches = [[todo[i] for i in b] for b in pack(translator.config, [len(ids[k]) + 1 for k in todo])]  # (+1: the EOS)
     jobs = [([ids[k] for k in batch], [segments[k].key for k in batch], options, [segments[k].prefix for k in batch],
              [segments[k].constraints for k in batch], any(segments[k].align for k in batch)) for batch in batches]
@@ -112,8 +125,8 @@ def run(translator, segments: Sequence[Segment], options: SearchOptions,
     for batch, (found, aligned) in zip(batches, done):
         for i, k in enumerate(batch):
             hyps[k] = found[i]
-            if aligned is not None:
-                alignments[k] = aligned[i]
+            if aligned is not None:  # (source positions counted without the tag)
+                alignments[k] = aligned[i] if segments[k].tag is None else [[(max(a - 1, 0), b) for a, b in h] for h in aligned[i]]
     for s, h in zip(segments, hyps):
         if s.constraints and h and not satisfied(h[0].tokens, s.constraints):
             log.warn(f"{s.origin.label}: the translation lacks a constraint (it does not fit in the output length limit)")

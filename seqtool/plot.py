@@ -62,8 +62,8 @@ def require_matplotlib() -> None:
 def sentence_attention(translator, source: str, target: Optional[str] = None) -> SentenceAttention:
     """Translate `source` with the search `translate` uses (or take `target`) and fetch every weight."""
     model, tokenizer, c = translator.model, translator.tokenizer, translator.model.config
-    src_ids = translator.encode(0, [source])[0]  # cropped to the model's positions, with a warning
-    if not src_ids:
+    src_ids = translator.encode(0, [source])[0]  # cropped to the model's positions, with a warning; a tag first
+    if len(src_ids) == (translator.tag is not None):
         raise InputError("the source sentence is empty: nothing to attend to")
     if target is not None:
         tgt_ids = tokenizer.encode(target)
@@ -76,7 +76,7 @@ def sentence_attention(translator, source: str, target: Optional[str] = None) ->
         tgt_in = torch.tensor([[c.bos_id] + tgt_ids], device=translator.device)  # (1, T)
         weights = force_decode(model, src, tgt_in)
     pieces = [tokenizer.sp.id_to_piece(i) for i in tgt_ids]
-    return SentenceAttention([tokenizer.sp.id_to_piece(i) for i in src_ids] + ["</s>"], ["<s>"] + pieces, pieces + ["</s>"],
+    return SentenceAttention([translator.piece(i) for i in src_ids] + ["</s>"], ["<s>"] + pieces, pieces + ["</s>"],
                              target if target is not None else tokenizer.decode(tgt_ids),
                              AttentionWeights(*([w.cpu() for w in ws] for ws in (weights.encoder, weights.decoder, weights.cross))))
 
@@ -176,7 +176,7 @@ def heatmap_text(weights: torch.Tensor, rows: list[str], cols: list[str], title:
 def show_attention(checkpoint: Path, source: str, config: DecodeConfig, options: Optional[SearchOptions] = None, *,
                    target: Optional[str] = None,
                    output: Optional[Path] = None, layer: int = 0, all_layers: bool = False, terminal: bool = False,
-                   console=None):
+                   console=None, tgt_lang: str = ""):
     """The `seqtool attention` command. Returns (SentenceAttention, the matplotlib Figure or None)."""
     if output is None and not terminal:
         raise ConfigError("give --output FILE (.png, .svg or .pdf), --terminal, or both")
@@ -184,7 +184,7 @@ def show_attention(checkpoint: Path, source: str, config: DecodeConfig, options:
         if output.suffix.lower() not in FORMATS:
             raise ConfigError(f"{output}: the picture's name must end in {', '.join(FORMATS)}")
         require_matplotlib()  # before the model is loaded: fail fast
-    translator = Translator.load(checkpoint, config, options)
+    translator = Translator.load(checkpoint, config, options, tgt_lang=tgt_lang, need_target=True)  # (a multilingual model: the tag that leads the source)
     layers = selected_layers(translator.model.config, layer, all_layers)  # before the work
     att = sentence_attention(translator, source, target)
     log.info(f"{'target' if target is not None else 'translation'}: {att.translation}")

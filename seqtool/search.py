@@ -89,10 +89,12 @@ def _prefix_pass(model, tokens: Tensor, cache, max_len: Tensor, min_len: int) ->
 
 
 def _banned(c, lprobs: Tensor, step: int, max_len: Tensor, min_len: int) -> Tensor:
-    """lprobs (rows, V) of the token at `step` with PAD and BOS banned, EOS banned before min_len
+    """lprobs (rows, V) of the token at `step` with PAD, BOS and language tags banned, EOS banned before min_len
     and the only choice at a row's max_len."""
     lprobs[:, c.pad_id] = NEG_INF
     lprobs[:, c.bos_id] = NEG_INF
+    if c.language_tags:  # target-language tags lead a source; never an output (languages.py)
+        lprobs[:, c.vocab_size - c.language_tags:] = NEG_INF
     if step < min_len:
         lprobs[:, c.eos_id] = NEG_INF
     at_limit = max_len <= step  # (rows,) only EOS may follow

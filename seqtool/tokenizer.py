@@ -11,7 +11,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import sentencepiece as spm
 
@@ -114,8 +114,10 @@ class Tokenizer:
         return text, ranges
 
 
-def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerConfig) -> Path:
-    """Train a joint model over all `files`; writes PREFIX.model and PREFIX.vocab; returns the .model path."""
+def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerConfig,
+                    repeats: Optional[Sequence[int]] = None) -> Path:
+    """Train a joint model over all `files`; writes PREFIX.model and PREFIX.vocab; returns the .model path.
+    repeats: how many times each file's lines go into the sample (a small language's, to get its pieces)."""
     prefix = Path(model_prefix)
     if prefix.parent and not prefix.parent.exists():
         prefix.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +126,7 @@ def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerC
         raise InputError(f"{', '.join(map(str, files))}: no text to train a tokenizer on (empty files?)")
     with tempfile.TemporaryDirectory(prefix="seqtool-spm-") as tmp:
         tmp_prefix = os.path.join(tmp, "spm")
-        _train_in_child(files, tmp_prefix, config)
+        _train_in_child(files, tmp_prefix, config, repeats)
         model = Path(tmp_prefix + ".model").read_bytes()
         vocab = Path(tmp_prefix + ".vocab").read_bytes()
     from .textio import atomic_write_bytes
@@ -135,7 +137,7 @@ def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerC
     return Path(f"{prefix}.model")
 
 
-def _train_in_child(files: list[Path], tmp_prefix: str, config: TokenizerConfig) -> None:
+def _train_in_child(files: list[Path], tmp_prefix: str, config: TokenizerConfig, repeats: Optional[Sequence[int]] = None) -> None:
     """Run sentencepiece's trainer in a forked child process.
 
     Its C++ training loop does not return to Python for minutes on a large corpus, so a Ctrl-C
@@ -147,13 +149,13 @@ def _train_in_child(files: list[Path], tmp_prefix: str, config: TokenizerConfig)
 
     if "fork" not in multiprocessing.get_all_start_methods():
         try:
-            _train_spm(files, tmp_prefix, config)
+            _train_spm(files, tmp_prefix, config, repeats)
         except RuntimeError as error:
             _raise_for_sentencepiece(str(error), config)
         return
     import signal
 
-    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(files, tmp_prefix, config, os.getpid()), daemon=True)
+    child = multiprocessing.get_context("fork").Process(target=_child_main, args=(files, tmp_prefix, config, os.getpid(), repeats), daemon=True)
     # A Ctrl-C between the fork and start() returning would leave a child we hold no handle to:
     # SIGINT is held back until start() is done, and a pending one is raised once it is released.
     try:
@@ -174,19 +176,19 @@ def _train_in_child(files: list[Path], tmp_prefix: str, config: TokenizerConfig)
         raise InputError(f"sentencepiece training stopped (exit status {child.exitcode}); out of memory? try a smaller --input-sentence-size")
 
 
-def _child_main(files: list[Path], tmp_prefix: str, config: TokenizerConfig, parent: int) -> None:
+def _child_main(files: list[Path], tmp_prefix: str, config: TokenizerConfig, parent: int, repeats=None) -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent answers Ctrl-C (and kills us)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # forked while the parent held it back
     die_with_parent(parent)  # a SIGKILL or SIGTERM of the parent leaves no trainer behind
     try:
-        _train_spm(files, tmp_prefix, config)
+        _train_spm(files, tmp_prefix, config, repeats)
     except Exception as error:  # reported by the parent as one line, never a child's traceback
         Path(tmp_prefix + ".error").write_text(str(error) or type(error).__name__)
 
 
-def _train_spm(files: list[Path], tmp_prefix: str, config: TokenizerConfig) -> None:
+def _train_spm(files: list[Path], tmp_prefix: str, config: TokenizerConfig, repeats: Optional[Sequence[int]] = None) -> None:
     # sentencepiece reads plain files only, and splits on its own idea of lines: feed it the lines
     # we read (\n only, \r stripped, .gz opened) through an iterator. With input_sentence_size it
     # keeps a uniform sample of that many (its reservoir, seeded): memory is bounded by the setting,
@@ -194,7 +196,7 @@ def _train_spm(files: list[Path], tmp_prefix: str, config: TokenizerConfig) -> N
     if config.input_sentence_size:
         spm.set_random_generator_seed(config.seed)
     spm.SentencePieceTrainer.train(
-        sentence_iterator=_text_lines(files),
+        sentence_iterator=_text_lines(files, repeats),
         input_sentence_size=config.input_sentence_size,
         shuffle_input_sentence=True,
         model_prefix=tmp_prefix,
@@ -210,12 +212,13 @@ def _train_spm(files: list[Path], tmp_prefix: str, config: TokenizerConfig) -> N
     )
 
 
-def _text_lines(files: Sequence[Path]) -> Iterator[str]:
-    """The non-empty lines of the files, streamed."""
-    for path in files:
-        for line in read_lines(Path(path), errors="replace"):
-            if line.strip():
-                yield line
+def _text_lines(files: Sequence[Path], repeats: Optional[Sequence[int]] = None) -> Iterator[str]:
+    """The non-empty lines of the files, streamed (each file's `repeats` times)."""
+    for k, path in enumerate(files):
+        for _ in range(repeats[k] if repeats else 1):
+            for line in read_lines(Path(path), errors="replace"):
+                if line.strip():
+                    yield line
 
 
 def _raise_for_sentencepiece(message: str, config: TokenizerConfig) -> None:

@@ -24,6 +24,7 @@ from . import allocator, ensemble, log, pipeline, precision
 from .alignment import format_alignment, pairs, resolve_layer
 from .errors import ConfigError, InputError
 from .config import DecodeConfig, Sampling, SearchOptions, TranslateConfig
+from .languages import Languages
 from .model import padded
 from .constraints import WordPieces
 from .pipeline import Origin, Translation
@@ -110,11 +111,51 @@ class Translator:
         if config.alignments:
             resolve_layer(config.alignment_layer, self.aligner.config.decoder_layers, "--alignment-layer")  # fail before reading input
         self._word_pieces: Optional[WordPieces] = None
+        self.languages = Languages.from_dict(self.configs.get("languages"))  # None: a one-pair model
+        self.src_lang = ""  # as said by choose_languages
+        self.tag: Optional[int] = None  # the target-language tag every segment gets unless it has its own
 
     @property
     def source_lang(self) -> str:
-        """The source language the model was trained on ("" when its checkpoint does not say)."""
-        return (self.configs.get("train") or {}).get("src_lang") or ""
+        """The source language: the one said (choose_languages), else the one the model was trained on
+        ("" when neither says)."""
+        return self.src_lang or (self.configs.get("train") or {}).get("src_lang") or ""
+
+    def choose_languages(self, src_lang: str = "", tgt_lang: str = "") -> None:
+        """--src-lang/--tgt-lang: for a multilingual model, the target's tag (a model with one target
+        needs none said; one with several translates nothing until a target is chosen, here or per
+        segment: pipeline.run's error lists them) and a warning for a pair it never trained on; for
+        a one-pair model, a check that they are its languages."""
+        train = self.configs.get("train") or {}
+        if self.languages is None:
+            for option, asked, held in (("--src-lang", src_lang, train.get("src_lang")), ("--tgt-lang", tgt_lang, train.get("tgt_lang"))):
+                if asked and held and asked != held:
+                    raise ConfigError(f"{option} {asked}: this model translates {train.get('src_lang')} -> {train.get('tgt_lang')}")
+            self.src_lang = src_lang
+            return
+        targets = self.languages.targets
+        if not tgt_lang:
+            if len(targets) > 1:  # chosen per request (the server), or missing (pipeline.run says so)
+                if src_lang:
+                    self.languages.check_source(src_lang)
+                self.src_lang = src_lang
+                return
+            tgt_lang = targets[0]
+        tag = self.languages.tag(tgt_lang)
+        if src_lang:
+            self.languages.check_source(src_lang)
+            if src_lang == tgt_lang:
+                raise ConfigError(f"--src-lang and --tgt-lang are both {src_lang}")
+            if self.languages.zero_shot(src_lang, tgt_lang):
+                log.warn(f"{src_lang} -> {tgt_lang} was not trained (zero-shot: the model learnt {', '.join(f'{s}-{t}' for s, t in self.languages.pairs)}); "
+                         "expect lower quality")
+        self.src_lang, self.tag = src_lang, tag
+
+    def piece(self, i: int) -> str:
+        """The piece of id i, a target-language tag as >>lang<<."""
+        if self.languages is not None and i >= self.languages.first_tag:
+            return f">>{self.languages.targets[i - self.languages.first_tag]}<<"
+        return self.tokenizer.sp.id_to_piece(i)
 
     @property
     def word_pieces(self) -> WordPieces:
@@ -127,11 +168,14 @@ class Translator:
 
     @classmethod
     def load(cls, path: Union[str, Path, Sequence[Union[str, Path]]], config: Optional[DecodeConfig] = None,
-             options: Optional[SearchOptions] = None, **changes) -> "Translator":
+             options: Optional[SearchOptions] = None, src_lang: str = "", tgt_lang: str = "", need_target: bool = False,
+             **changes) -> "Translator":
         """path: a checkpoint, or a list of checkpoints to translate with as an ensemble. changes:
         DecodeConfig and SearchOptions fields over `config` and `options` (settings() says how);
         without `config` and `options`, over the decoding defaults the checkpoint records (a
-        distilled student's greedy search), which `config` and `options` replace when given."""
+        distilled student's greedy search), which `config` and `options` replace when given.
+        src_lang, tgt_lang: as choose_languages (a multilingual model with several targets needs tgt_lang
+        before it translates; need_target: at once, as the CLI does, so that the error is the only line)."""
         recorded = recorded_defaults(path) if config is None and options is None else None
         config, options = settings(config, options, recorded, **changes)
         if config.threads:
@@ -168,6 +212,13 @@ class Translator:
                                      config.replace(workers=1, threads=each), options)
             pool = WorkerPool(load, config.workers)
         translator = cls(model, tokenizer, config, device, pool, configs, options)
+        try:
+            translator.choose_languages(src_lang, tgt_lang)
+            if need_target:
+                pipeline.check_target(translator)
+        except BaseException:
+            translator.close()
+            raise
         if chose:
             log.info(chose)  # once all is loaded and checked: an error stays the only line
         return translator
@@ -185,9 +236,10 @@ class Translator:
         self.close()
 
     def encode(self, start: int, lines: list[str], what: str = "input line") -> list[list[int]]:
-        """Token ids of each line, cropped to the model's positions with a warning naming `what` and
-        the line number."""
-        return [s.ids for s in pipeline.encode(self, lines, pipeline.lines(start, lines, what))]
+        """Token ids of each line as the model reads them (a multilingual model's target tag first),
+        cropped to the model's positions with a warning naming `what` and the line number."""
+        lead = [] if self.tag is None else [self.tag]
+        return [(lead + s.ids)[: self.max_src] for s in pipeline.encode(self, lines, pipeline.lines(start, lines, what))]
 
     def source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
         """(B, S) ids + EOS, right-padded, on the device: what search and scoring take."""
@@ -415,7 +467,8 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
     if output is None:
         sys.stdout.reconfigure(encoding="utf-8", newline="\n")  # type: ignore[attr-defined]
     config = config.replace(alignments=config.alignments or io.print_alignment)
-    with Translator.load(checkpoint_path, config, options) as translator:  # (stops --workers processes at the end)
+    with Translator.load(checkpoint_path, config, options, src_lang=io.src_lang, tgt_lang=io.tgt_lang,
+                         need_target=True) as translator:  # (stops --workers processes at the end)
         output = output or sys.stdout
         reader = LineReader(stream, name, errors=io.errors)
         if io.format != "text":  # one document in, one out

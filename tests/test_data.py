@@ -62,7 +62,7 @@ def test_the_tokenizer_streams_its_text_and_sentencepiece_samples_it_reproducibl
         seen.update(kwargs)
         return real(**kwargs)
 
-    monkeypatch.setattr(tk, "_train_in_child", lambda files, prefix, cfg: tk._train_spm(files, prefix, cfg))  # in-process
+    monkeypatch.setattr(tk, "_train_in_child", lambda files, prefix, cfg, repeats=None: tk._train_spm(files, prefix, cfg, repeats))  # in-process
     monkeypatch.setattr(tk.spm.SentencePieceTrainer, "train", spy)
     train_tokenizer([tmp_path / "a.txt"], str(tmp_path / "m1"), config)
     assert not isinstance(seen["sentence_iterator"], (list, tuple))  # a generator over the files

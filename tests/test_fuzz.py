@@ -69,7 +69,7 @@ def test_translate_writes_one_line_per_line_in_order(greedy, tiny_checkpoint, li
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
         path = Path(tmp) / "in.txt"
         path.write_bytes(as_file(lines, final_newline))
-        patch.setattr(Translator, "load", classmethod(lambda cls, *args: translator))  # the model loads once per module
+        patch.setattr(Translator, "load", classmethod(lambda cls, *args, **kwargs: translator))  # the model loads once per module
         out = io.StringIO()
         assert translate_file(tiny_checkpoint, greedy.config, greedy.options, TranslateConfig(print_scores=scores), path, out) == len(lines)
     rows = out.getvalue().split("\n")

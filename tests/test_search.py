@@ -22,6 +22,7 @@ class FakeConfig:
     bos_id: int = BOS
     eos_id: int = EOS
     max_positions: int = 64
+    language_tags: int = 0  # (a one-pair model: no target-language tags to ban)
 
 
 class FakeCache:

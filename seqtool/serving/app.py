@@ -18,7 +18,7 @@ from .. import log
 from ..config import DecodeConfig, SearchOptions, ServeConfig
 from ..errors import ConfigError
 from .endpoints import Service
-from .schemas import BadRequest, LibreRequest, TranslateIn, openapi_body
+from .schemas import BadRequest, DetectRequest, LibreRequest, TranslateIn, openapi_body
 
 PAGE = Path(__file__).with_name("page.html")
 
@@ -99,6 +99,10 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, o
     async def models():
         return service.models()
 
+    @app.post("/detect", summary="LibreTranslate's language detection, among the model's source languages", openapi_extra=openapi_body(DetectRequest, form=True))
+    async def detect(request: Request):
+        return await service.detect(request)
+
     @app.get("/languages", summary="LibreTranslate's language list")
     async def languages():
         return service.languages()
@@ -112,7 +116,7 @@ def create_app(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, o
     async def page():
         return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
-    _document(app, LibreRequest, TranslateIn)
+    _document(app, LibreRequest, TranslateIn, DetectRequest)
     app.add_middleware(service.metrics.count)
     if config.cors:
         from starlette.middleware.cors import CORSMiddleware

@@ -26,7 +26,7 @@ from . import prepare
 from .access import Keys, RateLimit, bearer, body_limit, read_body, read_keys, too_large
 from .batcher import Batcher, TooLarge
 from .metrics import Metrics
-from .schemas import BadRequest, LibreRequest, TranslateIn, multipart_fields, parse
+from .schemas import BadRequest, DetectRequest, LibreRequest, TranslateIn, multipart_fields, parse
 
 HTTP_STATUS: dict[type, int] = {TooLarge: 413, InputError: 400, ConfigError: 422, ResourceError: 503, SeqtoolError: 400}
 RETRY_AFTER_SECONDS = 1
@@ -48,6 +48,7 @@ class Service:
     def __init__(self, checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig):
         self.checkpoints, self.decode, self.options, self.config = checkpoints, decode, options, config
         self.translator = None
+        self.detector = None  # detect.Detector over a multilingual model's sources (source "auto", /detect)
         self.batcher: Optional[Batcher] = None
         self.failed: Optional[BaseException] = None
         self.on_failure: Callable[[], None] = lambda: None
@@ -62,6 +63,10 @@ class Service:
 
         try:
             translator = Translator.load(self.checkpoints, self.decode.replace(alignments=self.config.alignments), self.options)
+            if translator.languages is not None and len(translator.languages.sources) > 1:
+                from .detect import Detector
+
+                self.detector = Detector(translator.languages.sources)
             self.translator, self.batcher = translator, Batcher(translator, self.config, self.metrics.on_batch)
             log.info(f"ready: serving on http://{self.config.host}:{self.config.port}")
         except BaseException as error:  # noqa: BLE001 - whatever it was, serve() reports it and exits
@@ -157,32 +162,38 @@ class Service:
         t = self.ready()
         if body.format not in ("text", "html"):
             raise BadRequest(400, f"format {body.format!r}: this server translates format \"text\" or \"html\"")
-        src, tgt = languages(t)
-        if body.source not in ("auto", src) or (body.target is not None and body.target != tgt):
-            raise BadRequest(400, f"this model translates {src} -> {tgt}; got source {body.source!r}, target {body.target!r}")
         texts = [body.q] if isinstance(body.q, str) else body.q
+        detected = None
+        if body.source == "auto" and self.detector is not None:  # LibreTranslate's detectedLanguage: the best guess
+            detected = [(await asyncio.to_thread(self.detector.detect, text))[0] for text in texts]
+        tag = target_tag(t, body.source, body.target)
         prepare.check_size(self.config, texts)
         options = prepare.options(t.options, self.config, {"nbest": body.alternatives + 1}, request="libre")
         if body.format == "html" or not body.alternatives:  # documents: lines, sentences, markup and placeholders kept
-            translated = await self.documents(request, texts, body.format, options, name)
+            translated = await self.documents(request, texts, body.format, options, name, tag=tag)
             out = {"translatedText": translated[0] if isinstance(body.q, str) else translated}
+            if detected is not None:
+                out["detectedLanguage"] = detected[0] if isinstance(body.q, str) else detected
             if body.alternatives:
                 out["alternatives"] = [] if isinstance(body.q, str) else [[] for _ in texts]
             return out
-        segments = await asyncio.to_thread(prepare.segments, t, name, texts)
+        segments = tagged(await asyncio.to_thread(prepare.segments, t, name, texts), tag)
         results = await self.translate(request, segments, len(texts), options, name)
         best = [r[1][0] if r[1] else "" for r in results]
         out: dict[str, Any] = {"translatedText": best[0] if isinstance(body.q, str) else best}
+        if detected is not None:
+            out["detectedLanguage"] = detected[0] if isinstance(body.q, str) else detected
         if body.alternatives:
             alts = [list(r[1][1:]) for r in results]
             out["alternatives"] = alts[0] if isinstance(body.q, str) else alts
         return out
 
     async def documents(self, request, texts: list[str], format: str, options: SearchOptions, name: str,
-                        split: str = "auto") -> list[str]:
+                        split: str = "auto", tag: Optional[int] = None) -> list[str]:
         """Texts translated as documents (prepare.documents), their segments queued as one request."""
         t = self.translator
         docs = await asyncio.to_thread(prepare.documents, t, name, texts, format, split)
+        tagged(docs.segments, tag)
         queued = [k for k, s in enumerate(docs.segments) if s.ids]
         results = await self.translate(request, [docs.segments[k] for k in queued], len(docs.segments), options, name, queued)
         return await asyncio.to_thread(prepare.rendered, t, docs, results)
@@ -191,6 +202,7 @@ class Service:
         """POST /v1/translate: segments with per-request search options, scores, n-best, alignments."""
         body, name = await self.admitted(request, TranslateIn)
         t = self.ready()
+        tag = target_tag(t, body.source, body.target)
         prepare.check_size(self.config, body.segments, body.target_prefix, body.constraints, body.glossary)
         if body.alignment and not self.config.alignments:
             raise BadRequest(400, "alignment: this server was started without --alignments")
@@ -207,9 +219,9 @@ class Service:
         options = prepare.options(t.options, self.config, asked, body.sampling.model_dump() if body.sampling is not None else None,
                                   constrained=body.constraints is not None or bool(body.glossary))
         if body.format != "text":
-            return {"translations": [{"text": text} for text in await self.documents(request, body.segments, body.format, options, name)]}
-        segments = await asyncio.to_thread(prepare.segments, t, name, body.segments, body.target_prefix, body.constraints,
-                                           body.glossary, self.config.max_constraints)
+            return {"translations": [{"text": text} for text in await self.documents(request, body.segments, body.format, options, name, tag=tag)]}
+        segments = tagged(await asyncio.to_thread(prepare.segments, t, name, body.segments, body.target_prefix, body.constraints,
+                                                  body.glossary, self.config.max_constraints), tag)
         results = await self.translate(request, segments, len(body.segments), options, name)
         return native_answer(results, body, options.nbest)
 
@@ -222,9 +234,54 @@ class Service:
     def models(self) -> dict:
         return {"models": [describe(self.ready())]}
 
+    async def detect(self, request) -> list:
+        """POST /detect, LibreTranslate's: the model's source languages for `q`, best first, with confidence."""
+        body, _ = await self.admitted(request, DetectRequest, form=True)
+        t = self.ready()
+        if self.detector is None:
+            src = t.languages.sources[0] if t.languages is not None else languages(t)[0]
+            return [{"language": src, "confidence": 100.0}]
+        return await asyncio.to_thread(self.detector.detect, body.q)
+
     def languages(self) -> list:
-        src, tgt = languages(self.ready())
-        return [{"code": src, "name": src, "targets": [tgt]}, {"code": tgt, "name": tgt, "targets": []}]
+        """LibreTranslate's /languages: every language of the model, with what it translates into."""
+        t = self.ready()
+        if t.languages is None:
+            src, tgt = languages(t)
+            return [{"code": src, "name": src, "targets": [tgt]}, {"code": tgt, "name": tgt, "targets": []}]
+        codes = sorted(set(t.languages.sources) | set(t.languages.targets))
+        return [{"code": c, "name": c, "targets": list(t.languages.targets_of(c)) if c in t.languages.sources else []} for c in codes]
+
+
+def target_tag(translator, source: Optional[str], target: Optional[str]) -> Optional[int]:
+    """A request's `source` and `target` checked against the model: for a one-pair model, its pair
+    (source "auto" or omitted fields pass); for a multilingual one, the tag of `target` (required
+    when the model has several), a `source` it was trained on (any pair of those, zero-shot
+    included). 400 naming the field otherwise. Source "auto" is any (the tag alone decides)."""
+    langs = translator.languages
+    if langs is None:
+        src, tgt = languages(translator)
+        if source not in (None, "auto", src) or (target is not None and target != tgt):
+            raise BadRequest(400, f"this model translates {src} -> {tgt}; got source {source!r}, target {target!r}")
+        return None
+    if source not in (None, "auto") and source not in langs.sources:
+        raise BadRequest(400, f"source {source!r}: this model translates from {', '.join(langs.sources)} (or \"auto\")")
+    if target is None:
+        if len(langs.targets) > 1:
+            raise BadRequest(400, f"target: required; this model translates into {', '.join(langs.targets)}")
+        target = langs.targets[0]
+    if target not in langs.targets or target == source:
+        raise BadRequest(400, f"target {target!r}: this model translates into {', '.join(langs.targets)}"
+                              + (f" (and {source} into {', '.join(langs.targets_of(source))})" if source in langs.sources else ""))
+    return langs.tag(target)
+
+
+def tagged(segments: list, tag: Optional[int]) -> list:
+    """The request's segments, each led by its target tag (a multilingual model)."""
+    if tag is not None:
+        for s in segments:
+            s.tag = tag
+    return segments
 
 
 def native_answer(results: list, body: TranslateIn, nbest: int) -> dict:

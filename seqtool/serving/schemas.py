@@ -48,6 +48,8 @@ class TranslateIn(create_model("_SearchFields", **{name: _from(SearchOptions, na
                                                    ("beam", "lenpen", "nbest", "max_len_a", "max_len_b", "no_repeat_ngram_size", "loop_guard")})):
     """POST /v1/translate: segments and, for this request only, search options (unset: the server's)."""
     segments: list[str] = Field(..., description="Sentences to translate, one per item; the answer keeps their order")
+    source: Optional[str] = Field(None, description="The segments' language (a multilingual model: one of its sources; checked, never needed)")
+    target: Optional[str] = Field(None, description="The language to translate into: required for a model with several targets (GET /languages)")
     sampling: Optional[SamplingIn] = None  # type: ignore[valid-type]
     scores: bool = False
     alignment: bool = False
@@ -69,6 +71,12 @@ class LibreRequest(BaseModel):
     target: Optional[str] = None
     format: str = "text"
     alternatives: int = Field(0, ge=0, description="Alternative translations per text (the server's --max-nbest bounds it)")
+    api_key: Optional[str] = None
+
+
+class DetectRequest(BaseModel):
+    """POST /detect, LibreTranslate's request."""
+    q: str
     api_key: Optional[str] = None
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Protocol
 
 from .. import log
-from . import distributed, finetune
+from . import distributed, finetune, multilingual
 from ..binarize import SplitSpec, binarize
 from ..config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig
 from ..data import ParallelDataset, epoch_batches, min_pair_length, read_meta
@@ -25,12 +25,14 @@ from .distill import Distill
 
 @dataclass
 class RawData:
-    """Raw parallel files to tokenize and binarize into SAVE_DIR/data before training."""
+    """Raw parallel files to tokenize and binarize into SAVE_DIR/data before training: one pair's
+    (prefixes, with --src/--tgt), or several pairs' (corpora: --corpus and --valid-corpus)."""
 
-    train_prefix: str
-    valid_prefix: str
+    train_prefix: str = ""
+    valid_prefix: str = ""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     workers: int = 1
+    corpora: list = field(default_factory=list)  # [(languages.Corpus, its validation Corpus)], two or more
 
 
 @dataclass
@@ -76,6 +78,11 @@ def prepare_raw(job: TrainJob, source: Optional[TokenizerSource] = None) -> Path
     """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them); with
     --finetune or --teacher, that checkpoint's tokenizer instead of a new one."""
     assert job.raw is not None
+    if job.raw.corpora:
+        if source is not None:
+            multilingual.refuse("--finetune" if isinstance(source, finetune.Source) else "--teacher")
+        return multilingual.prepare(job.save_dir, job.raw.corpora, job.raw.tokenizer, job.train.lang_temperature,
+                                    job.raw.workers, job.force)
     data_dir = Path(job.save_dir) / "data"
     src, tgt = job.train.src_lang, job.train.tgt_lang
     if not src or not tgt:
@@ -111,6 +118,7 @@ class TrainingData:
     tokenizer: Tokenizer
     train_set: ParallelDataset
     valid_set: Optional[ParallelDataset]
+    pairs: Optional[multilingual.Opened] = None  # several pairs: train_set is the mixture's first epoch
 
 
 def open_data(job: TrainJob, source: Optional[finetune.Source] = None) -> TrainingData:
@@ -122,6 +130,15 @@ def open_data(job: TrainJob, source: Optional[finetune.Source] = None) -> Traini
     meta = read_meta(data_dir)
     check_languages(data_dir, meta, cfg)
     tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
+    if multilingual.is_multilingual(meta):
+        if source is not None:
+            multilingual.refuse("--finetune")
+        if meta.get("tokenizer_sha256") != hashlib.sha256(tokenizer.model_bytes).hexdigest():
+            raise InputError(f"{data_dir}/tokenizer.model is not the tokenizer the data was binarized with (sha256 differs from meta.json)")
+        pairs = multilingual.open_pairs(data_dir, meta, cfg, tokenizer)
+        if not pairs.valid and (cfg.eval_bleu or cfg.patience or cfg.best_metric != "loss"):
+            raise ConfigError(f"{data_dir}: has no valid split, which --eval-bleu, --patience and --best-metric need")
+        return TrainingData(data_dir, meta, tokenizer, pairs.mixture.epoch(cfg.seed, 1), None, pairs)
     if tokenizer.vocab_size != meta["vocab_size"]:
         raise InputError(f"{data_dir}/tokenizer.model has {tokenizer.vocab_size} pieces but meta.json says {meta['vocab_size']}; binarize again")
     if meta.get("tokenizer_sha256") not in (None, hashlib.sha256(tokenizer.model_bytes).hexdigest()):

@@ -59,6 +59,10 @@ class MetricsLog:
                     # "best" is the best value of --best-metric: the tag names that metric
                     tag = f"best_{record.get('best_metric')}" if key == "best" else key
                     self.writer.add_scalar(f"{kind}/{tag}", value, step)
+            for pair, figures in (record.get("pairs") or {}).items():  # a multilingual run: each pair's validation
+                for key, value in figures.items():
+                    if isinstance(value, (int, float)) and math.isfinite(value):
+                        self.writer.add_scalar(f"{kind}/{pair}/{key}", value, step)
             if kind == "valid":
                 self.writer.flush()  # validations are rare and worth seeing at once
 
@@ -72,6 +76,8 @@ def _finite_or_none(value: Any) -> Any:
     """JSON has no inf/nan: an undefined number (no validation set, nothing yet) is null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
+    if isinstance(value, dict):  # a multilingual validation's figures per pair
+        return {k: _finite_or_none(v) for k, v in value.items()}
     return value
 
 

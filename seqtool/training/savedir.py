@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from .. import checkpoint, log
-from ..config import RunPaths, TrainConfig, config_diff
+from ..config import ModelConfig, RunPaths, TrainConfig, config_diff
 from ..errors import ConfigError, InputError
 from ..textio import atomic_write_bytes, remove_stale_temps, temp_path
 
@@ -126,6 +126,7 @@ def _without(configs: dict) -> dict:
     out = json.loads(json.dumps(configs))
     # settings added since a run was saved count as their defaults (it ran with that behaviour)
     out["train"] = {**json.loads(json.dumps(TrainConfig().to_dict())), **out.get("train", {})}
+    out["model"] = {**json.loads(json.dumps(ModelConfig().to_dict())), **out.get("model", {})}
     for key in RESUMABLE_CHANGES:
         out.get("train", {}).pop(key, None)
     out.pop("decoding", None)  # what translate does by default with the model, not how it trains

@@ -22,7 +22,7 @@ from typing import Iterator, Optional
 import torch
 
 from .. import allocator, checkpoint, kernels, log
-from . import distill, distributed, finetune, schedule, update, validate
+from . import distill, distributed, finetune, multilingual, schedule, update, validate
 from ..config import RunPaths
 from ..data import ParallelDataset, collate, length_profile
 from ..device import pick_device, resolve_precision, sdpa_without_cudnn
@@ -80,11 +80,15 @@ class Trainer:
         data = open_data(job, source)
         self.data_dir, self.meta, self.tokenizer = data.data_dir, data.meta, data.tokenizer
         self.train_set, self.valid_set = data.train_set, data.valid_set
+        self.pairs = data.pairs  # several pairs (multilingual.py): a new mixture every epoch, a validation per pair
         if teachers is not None:
+            if self.pairs is not None:
+                multilingual.refuse("--teacher")
             teachers.check(self.meta, self.tokenizer.model_bytes, self.data_dir)
         sp = self.meta["special_ids"]
         base_model = source.model_config if source is not None else job.model
-        self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"])
+        self.model_config = base_model.replace(vocab_size=self.meta["vocab_size"], pad_id=sp["pad"], bos_id=sp["bos"], eos_id=sp["eos"],
+                                               language_tags=self.pairs.languages.tags if self.pairs else 0)
         precision = resolve_precision(cfg.precision, self.device, "train")  # "auto" -> what this device runs
         self.train_config = cfg.replace(src_lang=self.meta["src_lang"], tgt_lang=self.meta["tgt_lang"], precision=precision)
         self.schedule = schedule.resolve(job.optim, self.train_config)
@@ -93,6 +97,8 @@ class Trainer:
                         "schedule": self.schedule.describe()}
         if source is not None:
             self.configs["finetune"] = source.describe()
+        if self.pairs is not None:
+            self.configs["languages"] = self.pairs.languages.to_dict()  # translate's --tgt-lang tags; info's shares
         if teachers is not None:
             self.configs["distill"] = teachers.describe()
             self.configs["decoding"] = dict(distill.DECODING)  # translate's and serve's defaults for this model
@@ -182,14 +188,25 @@ class Trainer:
             self.ema.update()
         return losses
 
+    @property
+    def validates(self) -> bool:
+        """Whether there is a validation set (one pair's, or some pair's of several)."""
+        return self.valid_set is not None or bool(self.pairs and self.pairs.valid)
+
     def validate(self) -> validate.ValidResult:
-        """Loss (and, with --eval-bleu, BLEU/chrF) on the validation split; nan without one."""
+        """Loss (and, with --eval-bleu, BLEU/chrF) on the validation split; nan without one. Several
+        pairs: each pair's validation (its sources led by its tag), and their mean."""
+        def one(dataset, tag=None) -> validate.ValidResult:
+            return validate.evaluate(self.model, dataset, self.tokenizer, self.model_config, self.train_config,
+                                     self.job.optim.label_smoothing, self.device,
+                                     autocast=lambda: autocast_for(self.device, self.train_config.precision),
+                                     share=self.dist if self.dist.world_size > 1 else None, tag=tag)  # each rank validates a share
+
+        if self.pairs is not None and self.pairs.valid:
+            return validate.mean({pair: one(dataset, tag) for pair, (dataset, tag) in self.pairs.valid.items()})
         if self.valid_set is None:
             return validate.ValidResult(float("nan"), float("nan"))
-        return validate.evaluate(self.model, self.valid_set, self.tokenizer, self.model_config, self.train_config,
-                                 self.job.optim.label_smoothing, self.device,
-                                 autocast=lambda: autocast_for(self.device, self.train_config.precision),
-                                 share=self.dist if self.dist.world_size > 1 else None)  # each rank validates a share
+        return one(self.valid_set)
 
     def _save(self, result: Optional[validate.ValidResult] = None, improved: bool = False, gather: bool = True) -> None:
         """last.pt always (and the update-numbered copy at --save-interval-updates points); best.pt
@@ -215,7 +232,7 @@ class Trainer:
                                 source_lengths=self.source_lengths,
                                 valid_loss=None if result is None else result.loss, updates=st.updates,
                                 progress=st.state_dict(), valid=valid)
-        best = result is not None and (improved or self.valid_set is None or not self.paths.best.exists())
+        best = result is not None and (improved or not self.validates or not self.paths.best.exists())
         self.files.write(ckpt, best, cfg.keep_last if cfg.keep_last and st.updates % cfg.save_interval_updates == 0 else 0)
         self.metrics.path = self.files.metrics_path  # (a --force run's first save moved its metrics into place)
 
@@ -236,11 +253,13 @@ class Trainer:
         try:
             with self._errors_explained(progress):
                 while not stopped_by:
+                    if self.pairs is not None:  # this epoch's draw of every pair, in their shares
+                        self.train_set = self.pairs.mixture.epoch(cfg.seed, st.epoch)
                     batches, skipped = plan_epoch(self.train_set, self.data_dir, cfg, self.model_config.max_positions, st.epoch,
                                                   self.dist.rank, self.dist.world_size, first=st.updates == 0 and st.batch_in_epoch == 0)
                     n_batches = len(batches)
                     stopped_by = self._train_epoch(batches, window, progress, unit)
-                if self.ema is not None and self.valid_set is not None:
+                if self.ema is not None and self.validates:
                     self._offer_average()
         finally:
             progress.close()
@@ -401,7 +420,7 @@ class Trainer:
                             "nll": result.nll, "ppl": result.ppl, "bleu": result.bleu, "chrf": result.chrf,
                             "best_loss": st.best_valid_loss, "best_metric": cfg.best_metric, "best": self.early_stopping.best,
                             "bad_validations": st.bad_validations, "seconds": st.train_seconds,
-                            "valid_seconds": result.seconds})
+                            "valid_seconds": result.seconds, **({"pairs": validate.pair_figures(result)} if result.pairs else {})})
         log.info(validate.summary_line(result, st.updates, self.early_stopping))
         if self.dist.from_main(self.early_stopping.should_stop):  # one decision for every rank
             log.info(f"stopping: {cfg.best_metric} has not improved for {cfg.patience} validations (--patience)")

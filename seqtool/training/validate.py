@@ -23,7 +23,7 @@ import torch
 
 from ..checkpoint import TrainingState
 from ..config import DecodeConfig, ModelConfig, SearchOptions, TrainConfig
-from ..data import ParallelDataset, collate, epoch_batches
+from ..data import ParallelDataset, collate, epoch_batches, tagged
 from .loss import label_smoothed_nll
 from ..score import score_lines
 from ..tokenizer import Tokenizer
@@ -37,6 +37,7 @@ class ValidResult:
     chrf: Optional[float] = None
     hypotheses: Optional[list[str]] = None  # detokenized, in valid-split order
     seconds: float = 0.0
+    pairs: Optional[dict[str, "ValidResult"]] = None  # a multilingual run: each pair's (this result is their mean)
 
     @property
     def ppl(self) -> float:
@@ -99,12 +100,12 @@ def search_options(cfg: TrainConfig) -> SearchOptions:
 
 
 def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, options: SearchOptions, device: torch.device,
-           share: Optional[Share] = None) -> list[str]:
+           share: Optional[Share] = None, tag: Optional[int] = None) -> list[str]:
     """Translations of the valid split's source side, in split order, by translate.Translator (the
     model's own weights, fp32): the same cropping, length-sorted batching per chunk, search and
     detokenization as `seqtool translate` on the detokenized source file. With `share`, each
     process translates every world_size-th chunk (each exactly as translate would) and all get
-    every translation."""
+    every translation. tag: the target-language tag put in front of each source (a multilingual model)."""
     from .. import pipeline
     from ..translate import Translator
 
@@ -120,7 +121,7 @@ def decode(model, tokenizer: Tokenizer, dataset: ParallelDataset, options: Searc
         for start in starts[share.rank::share.world_size] if share is not None else starts:
             ids = [dataset.src[i].tolist() for i in range(start, min(start + size, n))]
             lines = [tokenizer.decode(seq) for seq in ids]
-            segments = [pipeline.Segment(start + k, line, seq, origin=origin)
+            segments = [pipeline.Segment(start + k, line, seq, origin=origin, tag=tag)
                         for k, (line, seq, origin) in enumerate(zip(lines, ids, pipeline.lines(start, lines, "valid line")))]
             chunks[start] = [t.texts[0].replace("\n", " ") if t.texts else "" for t in pipeline.run(translator, segments, options)]
     finally:
@@ -137,18 +138,40 @@ def references(tokenizer: Tokenizer, dataset: ParallelDataset) -> list[str]:
 
 def evaluate(model, dataset: ParallelDataset, tokenizer: Tokenizer, model_config: ModelConfig, cfg: TrainConfig,
              label_smoothing: float, device: torch.device,
-             autocast: Callable[[], ContextManager] = nullcontext, share: Optional[Share] = None) -> ValidResult:
+             autocast: Callable[[], ContextManager] = nullcontext, share: Optional[Share] = None,
+             tag: Optional[int] = None) -> ValidResult:
     """One validation: loss and NLL, and with cfg.eval_bleu also BLEU/chrF of decoded hypotheses.
-    With `share` (several training processes) the work is split and every process gets the same result."""
+    With `share` (several training processes) the work is split and every process gets the same result.
+    tag: each source's target-language tag (one pair of a multilingual run)."""
     t0 = time.monotonic()
-    loss, nll = valid_loss(model, dataset, model_config, cfg.max_tokens, label_smoothing, device, autocast, share)
+    led = dataset if tag is None else tagged(dataset, tag)
+    loss, nll = valid_loss(model, led, model_config, cfg.max_tokens, label_smoothing, device, autocast, share)
     result = ValidResult(loss, nll)
     if cfg.eval_bleu:
-        hyps = decode(model, tokenizer, dataset, search_options(cfg), device, share)
+        hyps = decode(model, tokenizer, dataset, search_options(cfg), device, share, tag)
         bleu, chrf = score_lines(hyps, [references(tokenizer, dataset)], ("bleu", "chrf"))
         result.bleu, result.chrf, result.hypotheses = bleu.score, chrf.score, hyps
     result.seconds = time.monotonic() - t0
     return result
+
+
+def mean(results: dict[str, ValidResult]) -> ValidResult:
+    """A multilingual run's validation: the mean of its pairs' figures (what picks best.pt), with each pair's."""
+    values = list(results.values())
+
+    def avg(name: str) -> Optional[float]:
+        xs = [getattr(r, name) for r in values]
+        return None if any(x is None for x in xs) else sum(xs) / len(xs)
+
+    return ValidResult(avg("loss"), avg("nll"), avg("bleu"), avg("chrf"), seconds=sum(r.seconds for r in values),
+                       pairs=results)
+
+
+def pair_figures(result: ValidResult) -> Optional[dict]:
+    """Each pair's figures for metrics.jsonl (None for a one-pair run)."""
+    if not result.pairs:
+        return None
+    return {pair: {"loss": r.loss, "ppl": r.ppl, "bleu": r.bleu, "chrf": r.chrf} for pair, r in result.pairs.items()}
 
 
 class EarlyStopping:
@@ -196,5 +219,7 @@ def summary_line(result: ValidResult, update: int, stopping: EarlyStopping) -> s
     parts.append(f"best {stopping.metric} {best:.3f}" if math.isfinite(best) else f"best {stopping.metric} -")
     if stopping.patience:
         parts.append(f"{stopping.state.bad_validations}/{stopping.patience} without improvement")
+    for pair, r in (result.pairs or {}).items():
+        parts.append(f"{pair} loss {r.loss:.3f}" + (f" bleu {r.bleu:.2f}" if r.bleu is not None else ""))
     parts.append(f"{result.seconds:.1f}s")
     return " | ".join(parts)
