@@ -2,7 +2,7 @@
 """Imported models (issue 31): decoding speed on a model of OPUS-MT en-de's shape, seqtool against
 transformers and CTranslate2 on the very same model, in one run on an idle machine.
 
-    pip install 'seqtool[marian]' ctranslate2
+    pip install 'seqtool[hf]' ctranslate2
     python bench/imported.py                 # 500 sentences, beam 4, 30 output tokens each, 2 threads
 
 - the model: transformers' MarianMTModel with opus-mt-en-de's shape (6 + 6 layers, d_model 512,

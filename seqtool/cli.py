@@ -438,7 +438,7 @@ def import_(
     force: Force = False,
 ):
     """Import a pretrained model in transformers' Marian format as a seqtool checkpoint."""
-    from .marian import import_marian
+    from .interop import import_marian
 
     if output.exists() and not force:
         raise InputError(f"{output}: already exists; pass --force to replace it")

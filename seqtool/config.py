@@ -199,7 +199,7 @@ class ModelConfig(_Validated):
     eos_id: int = setting(3, ge=0)
     # the last `language_tags` ids name a target language in front of the source (languages.py): never generated
     language_tags: int = setting(0, ge=0)
-    # what an imported model (marian.py: transformers' Marian format) may differ in; seqtool trains the first of each
+    # what an imported model (interop.py: transformers' Marian format) may differ in; seqtool trains the first of each
     activation: str = "relu"  # the feed-forward's: relu, gelu (erf) or swish (x * sigmoid(x))
     scale_embedding: bool = True  # embeddings x sqrt(d_model) before the positions are added
     output_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)

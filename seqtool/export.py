@@ -8,7 +8,7 @@ Owns the mapping from seqtool's weights and settings to other formats, and writi
   The exported model decodes as ``seqtool translate`` does: source pieces + EOS in, decoding starts
   from BOS, padding and BOS can never be produced (seqtool's search bans them; here an output bias
   of -1e4 does), so CTranslate2's greedy output equals ``seqtool translate --beam 1``.
-- ``huggingface``: transformers' Marian format (marian.py), which MarianMTModel and AutoTokenizer load.
+- ``huggingface``: transformers' Marian format (interop.py), which MarianMTModel and AutoTokenizer load.
 
 The directory is built beside OUT_DIR and renamed into place: an interrupted export leaves no
 half-written model, and an existing OUT_DIR is replaced only with force=True, and only when it holds
@@ -48,7 +48,7 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
         check_replaceable(out_dir)
     if quantization is not None and fmt != "ctranslate2":
         raise ConfigError(f"--quantization is CTranslate2's; --format {fmt} writes the weights in float32")
-    needs = {"ctranslate2": ("ctranslate2", "ctranslate2"), "huggingface": ("safetensors", "marian")}[fmt]
+    needs = {"ctranslate2": ("ctranslate2", "ctranslate2"), "huggingface": ("safetensors", "hf")}[fmt]
     try:
         __import__(needs[0])
     except ImportError:
@@ -59,7 +59,7 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
     try:
         build = tmp / "model"
         if fmt == "huggingface":
-            from .marian import export_marian
+            from .interop import export_marian
 
             build.mkdir()
             export_marian(ckpt, build)

@@ -6,7 +6,7 @@ bytes stored inside a checkpoint. A Tokenizer is one of two kinds:
 
 - **joint** (seqtool's own): one sentencepiece model for both sides, with fixed special ids
   (pad 0, unk 1, bos 2, eos 3) that are its own piece ids;
-- **pair** (an imported Marian model's, marian.py): a source and a target sentencepiece model over
+- **pair** (an imported Marian model's, interop.py): a source and a target sentencepiece model over
   one shared id space (the model's vocab.json), with that model's special ids. Source text is
   encoded by the source model, output ids decoded by the target model, each through the id space.
   Its bytes are PAIR_MAGIC, one JSON line (the pieces by id, the special ids, the two models'

@@ -76,7 +76,7 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
             try:
                 from safetensors.torch import load_file
             except ImportError:
-                raise InputError(f"{path}: reading safetensors needs the safetensors package: pip install 'seqtool[marian]'") from None
+                raise InputError(f"{path}: reading safetensors needs the safetensors package: pip install 'seqtool[hf]'") from None
             try:
                 return load_file(str(path))
             except Exception as error:  # noqa: BLE001 - safetensors raises its own error types

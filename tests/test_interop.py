@@ -1,4 +1,4 @@
-"""transformers' Marian format (marian.py): `seqtool import` of a MarianMTModel directory, and
+"""transformers' Marian format (interop.py): `seqtool import` of a MarianMTModel directory, and
 `seqtool export --format huggingface` of a seqtool model. Nothing is downloaded: the Marian models
 are built here with transformers' own classes (random weights, drawn wide enough that no two
 logits tie), with source and target sentencepiece models trained on the bundled bible."""
@@ -90,7 +90,7 @@ def marian_dir(spms: Path, out: Path, seed: int = 0, **config) -> Path:
 def test_marian_positions_are_seqtool_positions_in_another_order():
     from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
-    from seqtool.marian import marian_positions, residual_order
+    from seqtool.interop import marian_positions, residual_order
     from seqtool.model import sinusoidal_positions
 
     table = MarianSinusoidalPositionalEmbedding(50, 16)
@@ -103,7 +103,7 @@ def test_marian_positions_are_seqtool_positions_in_another_order():
 @pytest.mark.unit
 def test_what_seqtool_cannot_run_exactly_is_refused_by_its_field():
     from seqtool.errors import InputError
-    from seqtool.marian import model_config
+    from seqtool.interop import model_config
 
     good = dict(model_type="marian", d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
                 decoder_ffn_dim=64, activation_function="swish", vocab_size=100, pad_token_id=99, eos_token_id=0,
@@ -129,7 +129,7 @@ def test_an_imported_model_gives_transformers_logits(spms, tmp_path, config):
     from transformers import MarianMTModel, MarianTokenizer
 
     from seqtool import checkpoint
-    from seqtool.marian import import_marian
+    from seqtool.interop import import_marian
     from seqtool.model import padded
 
     d = marian_dir(spms, tmp_path / "marian", **config)
@@ -156,7 +156,7 @@ def test_an_imported_model_searches_as_generate_does(spms, tmp_path):
     the same token ids, and the same source ids from the pair tokenizer as from MarianTokenizer."""
     from transformers import MarianMTModel, MarianTokenizer
 
-    from seqtool.marian import import_marian
+    from seqtool.interop import import_marian
     from seqtool.translate import Translator
 
     d = marian_dir(spms, tmp_path / "marian")
