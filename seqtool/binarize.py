@@ -29,7 +29,7 @@ from .errors import InputError, ResourceError
 from .interrupts import Interrupts
 from .procpool import WatchedPool, WorkerDied
 from .textio import atomic_write_bytes, find_split_file, read_lines
-from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from .tokenizer import Tokenizer
 
 CHUNK_LINES = 4096
 
@@ -89,10 +89,10 @@ class _EncodingPool:
         if self.interrupted.is_set():
             raise KeyboardInterrupt
 
-    def submit(self, lines: list[str]):
+    def submit(self, lines: list[str], side: str = "source"):
         self.check()
         try:
-            return self.pool.submit(_encode_chunk, lines)
+            return self.pool.submit(_encode_chunk, lines, side)
         except WorkerDied as died:
             raise self._died(died.pid) from None
 
@@ -116,9 +116,9 @@ class _EncodingPool:
             self.check()  # a Ctrl-C after the last check still stops the run before anything is committed
 
 
-def _encode_chunk(lines: list[str]) -> list[list[int]]:
+def _encode_chunk(lines: list[str], side: str = "source") -> list[list[int]]:
     assert _worker_tokenizer is not None
-    return _worker_tokenizer.encode_batch(lines)
+    return _worker_tokenizer.encode_batch(lines, side)
 
 
 def unaligned(src, na: int, tgt, nb: int) -> InputError:
@@ -221,7 +221,7 @@ def binarize(
         "src_lang": src_lang,
         "tgt_lang": tgt_lang,
         "vocab_size": tokenizer.vocab_size,
-        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "special_ids": {"pad": tokenizer.pad_id, "unk": tokenizer.unk_id, "bos": tokenizer.bos_id, "eos": tokenizer.eos_id},
         "dtype": dtype.name,
         "tokenizer_sha256": hashlib.sha256(tokenizer.model_bytes).hexdigest(),
         "splits": {},
@@ -265,14 +265,14 @@ def _binarize_split(name, src, tgt, src_lang, tgt_lang, tokenizer, out_dir, dtyp
             while len(pending) > limit:
                 for k, result in enumerate(pending.pop(0)):
                     ids = pool.get(result) if pool is not None else result
-                    unk[k] += sum(s.count(UNK_ID) for s in ids)
+                    unk[k] += sum(s.count(tokenizer.unk_id) for s in ids)
                     writers[k].add(ids)
 
         for a, b in _paired_chunks(src, tgt, errors):
             if pool is None:
-                pending.append((tokenizer.encode_batch(a), tokenizer.encode_batch(b)))
+                pending.append((tokenizer.encode_batch(a), tokenizer.encode_batch(b, "target")))
             else:
-                pending.append((pool.submit(a), pool.submit(b)))
+                pending.append((pool.submit(a), pool.submit(b, "target")))
             drain(workers)  # bounded work in flight: memory does not grow with the corpus
         drain(0)
         if writers[0].lines == 0:

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from .config import DecodeConfig, Sampling, SearchOptions, ServeConfig, TrainConfig, TranslateConfig, field_info
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 from .exits import handles_user_errors
 
 app = typer.Typer(
@@ -51,7 +51,6 @@ def train_tokenizer_cmd(
 ):
     """Train a sentencepiece tokenizer (BPE or unigram) on raw text."""
     from .config import TokenizerConfig
-    from .errors import InputError
     from .tokenizer import train_tokenizer
 
     config = TokenizerConfig(vocab_size=vocab_size, model_type=model_type, character_coverage=character_coverage,
@@ -417,15 +416,34 @@ def export(
     checkpoint: Annotated[Path, typer.Argument(help="best.pt or last.pt from seqtool train.")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write (model files plus sentencepiece.model).")],
     *,
-    fmt: Annotated[str, typer.Option("--format", help="Target toolkit: ctranslate2.")] = "ctranslate2",
+    fmt: Annotated[str, typer.Option("--format", help="Target toolkit: ctranslate2, or huggingface (transformers' MarianMTModel).")] = "ctranslate2",
     quantization: Annotated[Optional[str], typer.Option("--quantization", help="Stored weight type for CTranslate2 (int8, float16, ...; default float32).")] = None,
     force: Force = False,
 ):
-    """Export a checkpoint for another toolkit (CTranslate2) to deploy it."""
+    """Export a checkpoint for another toolkit (CTranslate2, transformers) to deploy or share it."""
     from .export import export as run
 
     path = run(checkpoint, out_dir, fmt, force=force, quantization=quantization)
     typer.echo(f"wrote {path}", err=True)
+
+
+@app.command("import")
+@handles_user_errors
+def import_(
+    directory: Annotated[Path, typer.Argument(help="A transformers Marian model directory (an OPUS-MT model saved with save_pretrained).")],
+    *,
+    output: Annotated[Path, typer.Option("--output", "-o", help="The seqtool checkpoint to write.")],
+    src_lang: Annotated[str, typer.Option("--src-lang", help="Its source language (default: tokenizer_config.json's source_lang).")] = "",
+    tgt_lang: Annotated[str, typer.Option("--tgt-lang", help="Its target language (default: tokenizer_config.json's target_lang).")] = "",
+    force: Force = False,
+):
+    """Import a pretrained model in transformers' Marian format as a seqtool checkpoint."""
+    from .interop import import_marian
+
+    if output.exists() and not force:
+        raise InputError(f"{output}: already exists; pass --force to replace it")
+    import_marian(directory, output, src_lang, tgt_lang)
+    typer.echo(f"wrote {output}", err=True)
 
 
 @app.command()
@@ -482,7 +500,6 @@ def average(
 ):
     """Average the weights of several checkpoints into one."""
     from .checkpoint import average as run
-    from .errors import InputError
 
     if output.exists() and not force:
         raise InputError(f"{output}: already exists; pass --force to replace it")

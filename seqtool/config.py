@@ -199,13 +199,20 @@ class ModelConfig(_Validated):
     eos_id: int = setting(3, ge=0)
     # the last `language_tags` ids name a target language in front of the source (languages.py): never generated
     language_tags: int = setting(0, ge=0)
+    # what an imported model (interop.py: transformers' Marian format) may differ in; seqtool trains the first of each
+    activation: str = "relu"  # the feed-forward's: relu, gelu (erf) or swish (x * sigmoid(x))
+    scale_embedding: bool = True  # embeddings x sqrt(d_model) before the positions are added
+    output_bias: bool = False  # a bias on the output logits (Marian's final_logits_bias)
 
     def validate(self):
         self._check(self.d_model % self.n_heads == 0, f"`d_model` {self.d_model} is not divisible by `n_heads` {self.n_heads}")
         self._check(self.vocab_size > max(self.pad_id, self.bos_id, self.eos_id), "`vocab_size` too small for the special ids")
         self._check(self.vocab_size - self.language_tags > max(self.pad_id, self.bos_id, self.eos_id),
                     "`language_tags` leave too few ids for the tokenizer's pieces")
+        self._check(self.activation in ACTIVATIONS, f"`activation` must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
 
+
+ACTIVATIONS = ("relu", "gelu", "swish")
 
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(d_model=128, n_heads=4, d_ff=512, encoder_layers=2, decoder_layers=2),

@@ -1,13 +1,15 @@
 """Export a seqtool checkpoint to another toolkit's model format, for deployment.
 
-Owns the mapping from seqtool's weights and settings to other formats. Now one format:
-a CTranslate2 model directory (model.bin, config.json, the shared vocabulary) plus the
-checkpoint's sentencepiece model as ``sentencepiece.model``, built with ctranslate2's own model
-specification API (ctranslate2 is an optional extra: ``pip install 'seqtool[ctranslate2]'``).
+Owns the mapping from seqtool's weights and settings to other formats, and writing the directory:
 
-The exported model decodes as ``seqtool translate`` does: source pieces + EOS in, decoding starts
-from BOS, padding and BOS can never be produced (seqtool's search bans them; here an output bias
-of -1e4 does), so CTranslate2's greedy output equals ``seqtool translate --beam 1``.
+- ``ctranslate2``: a CTranslate2 model directory (model.bin, config.json, the shared vocabulary)
+  plus the checkpoint's sentencepiece model as ``sentencepiece.model``, built with ctranslate2's
+  own model specification API (ctranslate2 is an optional extra: ``pip install 'seqtool[ctranslate2]'``).
+  The exported model decodes as ``seqtool translate`` does: source pieces + EOS in, decoding starts
+  from BOS, padding and BOS can never be produced (seqtool's search bans them; here an output bias
+  of -1e4 does), so CTranslate2's greedy output equals ``seqtool translate --beam 1``.
+- ``huggingface``: transformers' Marian format (interop.py), which MarianMTModel and AutoTokenizer load.
+
 The directory is built beside OUT_DIR and renamed into place: an interrupted export leaves no
 half-written model, and an existing OUT_DIR is replaced only with force=True, and only when it holds
 nothing but the files a seqtool export wrote there (MARKER lists them): a user's file is never deleted.
@@ -23,9 +25,8 @@ from typing import Any, Optional
 
 from . import checkpoint
 from .errors import ConfigError, InputError
-from .languages import Languages
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "huggingface")
 # Weight types CTranslate2 can store (its converters' --quantization); None keeps float32.
 CT2_QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 BANNED_LOGIT_BIAS = -1e4  # finite, so float16/bfloat16 storage keeps it; exp() of it is 0 in float32
@@ -45,17 +46,26 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
         raise InputError(f"{out_dir}: already exists; pass --force to replace it")
     if out_dir.exists():
         check_replaceable(out_dir)
+    if quantization is not None and fmt != "ctranslate2":
+        raise ConfigError(f"--quantization is CTranslate2's; --format {fmt} writes the weights in float32")
+    needs = {"ctranslate2": ("ctranslate2", "ctranslate2"), "huggingface": ("safetensors", "hf")}[fmt]
     try:
-        import ctranslate2  # noqa: F401
+        __import__(needs[0])
     except ImportError:
-        raise ConfigError("--format ctranslate2 needs the ctranslate2 package: pip install 'seqtool[ctranslate2]'") from None
+        raise ConfigError(f"--format {fmt} needs the {needs[0]} package: pip install 'seqtool[{needs[1]}]'") from None
     ckpt = checkpoint.load(Path(checkpoint_path))
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
         build = tmp / "model"
-        _convert(ckpt, build, quantization)
-        (build / SPM_FILENAME).write_bytes(checkpoint.tokenizer_bytes(ckpt))
+        if fmt == "huggingface":
+            from .interop import export_marian
+
+            build.mkdir()
+            export_marian(ckpt, build)
+        else:
+            _convert(ckpt, build, quantization)
+            (build / SPM_FILENAME).write_bytes(checkpoint.tokenizer_bytes(ckpt))
         files = sorted([p.name for p in build.iterdir()] + [MARKER])
         (build / MARKER).write_text(json.dumps({"written_by": "seqtool export", "checkpoint": str(Path(checkpoint_path).resolve()),
                                                 "files": files}) + "\n")
@@ -118,26 +128,29 @@ def ctranslate2_spec(ckpt: dict[str, Any]):
     """A ctranslate2 TransformerSpec holding the checkpoint's weights (float32) and vocabulary."""
     import torch
     from ctranslate2.specs import TransformerDecoderSpec, TransformerEncoderSpec, TransformerSpec
+    from ctranslate2.specs.common_spec import Activation
 
     from .model import sinusoidal_positions
     from .tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
     model = checkpoint.load_model(ckpt)
     c = model.config
-    sp = Tokenizer(checkpoint.tokenizer_bytes(ckpt), "checkpoint (tokenizer)").sp
-    vocab = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    languages = Languages.from_dict(ckpt["configs"].get("languages"))
-    if languages is not None:  # a multilingual model's target tags: tokens >>lang<< after the pieces, put first in a source
-        vocab += [f">>{t}<<" for t in languages.targets]
+    tokenizer = Tokenizer(checkpoint.tokenizer_bytes(ckpt), "checkpoint (tokenizer)")
+    if tokenizer.pair:
+        raise InputError("checkpoint: an imported model's source and target sentencepiece models are two; --format ctranslate2 "
+                         "takes seqtool's joint one only (convert the original Marian directory with ctranslate2's own converter)")
+    # a multilingual model's target tags: tokens >>lang<< after the pieces, put first in a source
+    vocab = tokenizer.vocabulary(ckpt["configs"].get("languages"))
     if len(vocab) != c.vocab_size:
         raise InputError(f"checkpoint: tokenizer has {len(vocab)} pieces but the model {c.vocab_size} outputs; cannot export")
 
-    enc = TransformerEncoderSpec(c.encoder_layers, c.n_heads, pre_norm=c.pre_norm)
-    dec = TransformerDecoderSpec(c.decoder_layers, c.n_heads, pre_norm=c.pre_norm)
+    activation = {"relu": Activation.RELU, "gelu": Activation.GELU, "swish": Activation.SWISH}[c.activation]
+    enc = TransformerEncoderSpec(c.encoder_layers, c.n_heads, pre_norm=c.pre_norm, activation=activation)
+    dec = TransformerDecoderSpec(c.decoder_layers, c.n_heads, pre_norm=c.pre_norm, activation=activation)
     # seqtool's table (interleaved sin/cos, first position 0), not CTranslate2's default layout.
     positions = _numpy(sinusoidal_positions(c.max_positions, c.d_model))  # (P, D)
     for spec, emb in ((enc, model.embed), (dec, model.tgt_embed)):
-        spec.scale_embeddings = True  # x sqrt(d_model), as Transformer._embed
+        spec.scale_embeddings = c.scale_embedding  # x sqrt(d_model), as Transformer._embed
         spec.position_encodings.encodings = positions
         (spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings).weight = _numpy(emb.weight)
     for spec, layer in zip(enc.layer, model.encoder):
@@ -151,7 +164,7 @@ def ctranslate2_spec(ckpt: dict[str, Any]):
         _norm(enc.layer_norm, model.encoder_norm)
         _norm(dec.layer_norm, model.decoder_norm)
     dec.projection.weight = _numpy(model.output.weight)  # (V, D), the embedding when tied
-    bias = torch.zeros(c.vocab_size)
+    bias = model.output.bias.detach().float().clone() if model.output.bias is not None else torch.zeros(c.vocab_size)
     bias[[c.pad_id, c.bos_id]] = BANNED_LOGIT_BIAS  # seqtool's search never emits these
     if c.language_tags:
         bias[c.vocab_size - c.language_tags:] = BANNED_LOGIT_BIAS  # nor a target-language tag

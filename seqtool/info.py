@@ -39,6 +39,7 @@ class CheckpointInfo:
     progress: dict[str, Any] = field(default_factory=dict)  # updates, epoch, tokens, early-stopping state
     valid: Optional[dict[str, Any]] = None  # the validation this file was saved after (loss, nll, bleu, chrf)
     averaged_from: Optional[list[str]] = None
+    tokenizer_pair: bool = False  # an imported model's source and target sentencepiece models (tokenizer.py)
 
     @property
     def kind(self) -> str:
@@ -58,7 +59,8 @@ class CheckpointInfo:
                 ("format", f"version {self.format_version}"),
                 ("contents", self.kind),
                 ("parameters", f"{self.parameters:,}"),
-                ("tokenizer", f"{self.vocab_size:,} pieces (sha256 {self.tokenizer_sha256[:12]})")]
+                ("tokenizer", f"{self.vocab_size:,} pieces{' (a source and a target model over one id space)' if self.tokenizer_pair else ''} "
+                              f"(sha256 {self.tokenizer_sha256[:12]})")]
         p = self.progress
         if p:
             done = [f"{label} {_number(p[key])}" for key, label in _PROGRESS if key in p]
@@ -103,6 +105,7 @@ def describe(path: Path) -> CheckpointInfo:
         parameters=sum(t.numel() for t in ckpt["weights"].values()),
         vocab_size=tokenizer.vocab_size, tokenizer_sha256=ckpt.get("tokenizer_sha256", ""),
         configs=ckpt["configs"], progress=dict(progress), valid=valid, averaged_from=ckpt.get("averaged_from"),
+        tokenizer_pair=tokenizer.pair,
     )
 
 

@@ -204,14 +204,21 @@ class MultiHeadAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+    """fc2(act(fc1(x))): relu as in the paper (one fused kernel where kernels.py has one), or an
+    imported model's gelu or swish."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float, activation: str = "relu"):
         super().__init__()
         self.fc1 = nn.Linear(d_model, d_ff)
         self.fc2 = nn.Linear(d_ff, d_model)
         self.activation_dropout = activation_dropout
+        self.activation = activation
 
     def forward(self, x: Tensor) -> Tensor:
-        h = linear_relu(x, self.fc1)  # (B, T, F)
+        if self.activation == "relu":
+            h = linear_relu(x, self.fc1)  # (B, T, F)
+        else:
+            h = (F.gelu if self.activation == "gelu" else F.silu)(linear(x, self.fc1))
         return linear(dropout(h, self.activation_dropout, self.training), self.fc2)
 
 
@@ -235,7 +242,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, cross=False)
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
         self.sub1 = SubLayer(c.d_model, c.dropout, c.pre_norm)
         self.sub2 = SubLayer(c.d_model, c.dropout, c.pre_norm)
 
@@ -250,7 +257,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, cross=False)
         self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, cross=True)
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
         self.sub1 = SubLayer(c.d_model, c.dropout, c.pre_norm)
         self.sub2 = SubLayer(c.d_model, c.dropout, c.pre_norm)
         self.sub3 = SubLayer(c.d_model, c.dropout, c.pre_norm)
@@ -276,7 +283,7 @@ class Transformer(nn.Module):
         # Pre-norm leaves the residual stream unnormalised: normalise once at the end of each stack.
         self.encoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.d_model) if c.pre_norm else nn.Identity()
-        self.output = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.output = nn.Linear(c.d_model, c.vocab_size, bias=c.output_bias)
         # Training on CPU in bf16 sets this: in whole-sequence passes (training, validation loss,
         # encoding) activations, and so every matmul, layer norm and residual, are bf16 from the
         # embedding on, while the parameters stay float32 master weights that each layer casts
@@ -314,12 +321,17 @@ class Transformer(nn.Module):
                     nn.init.zeros_(lin.bias)
         if not c.tie_embeddings:
             nn.init.normal_(self.output.weight, mean=0.0, std=c.d_model ** -0.5)
+        if self.output.bias is not None:
+            nn.init.zeros_(self.output.bias)
 
     def _embed(self, emb: nn.Embedding, tokens: Tensor, start: int = 0, incremental: bool = False) -> Tensor:
         T = tokens.size(1)
         if start + T > self.config.max_positions:
             raise ValueError(f"sequence of {start + T} positions exceeds max_positions {self.config.max_positions}")
-        x = emb(tokens) * math.sqrt(self.config.d_model) + self.positions[start : start + T].to(emb.weight.dtype)  # (B, T, D)
+        x = emb(tokens)
+        if self.config.scale_embedding:
+            x = x * math.sqrt(self.config.d_model)
+        x = x + self.positions[start : start + T].to(emb.weight.dtype)  # (B, T, D)
         if self.activation_dtype is not None and not incremental:
             x = x.to(self.activation_dtype)  # the embedding's gradient still sums in float32
         return dropout(x, self.config.dropout, self.training)

@@ -75,7 +75,7 @@ def encode(translator, texts: Sequence[str], origins: Sequence[Origin], prefixes
     warning naming it; prefixes: each one's target prefix ("" none); constraints: each one's items
     (terms.py: a phrase or a list of alternative phrases); keys: default each origin's line."""
     ids = translator.tokenizer.encode_batch(list(texts)) if texts else []
-    prefix_ids = translator.tokenizer.encode_batch(list(prefixes)) if prefixes is not None else [[] for _ in ids]
+    prefix_ids = translator.tokenizer.encode_batch(list(prefixes), "target") if prefixes is not None else [[] for _ in ids]
     limit = translator.max_src
     for k, origin in enumerate(origins):
         for what, seqs in (("", ids), ("target prefix of ", prefix_ids)):

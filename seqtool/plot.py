@@ -66,7 +66,7 @@ def sentence_attention(translator, source: str, target: Optional[str] = None) ->
     if len(src_ids) == (translator.tag is not None):
         raise InputError("the source sentence is empty: nothing to attend to")
     if target is not None:
-        tgt_ids = tokenizer.encode(target)
+        tgt_ids = tokenizer.encode_batch([target], "target")[0]
         if len(tgt_ids) + 1 > c.max_positions:
             raise InputError(f"--target has {len(tgt_ids)} tokens; this model takes at most {c.max_positions - 1}")
     src = translator.source_tensor([src_ids])  # (1, S)
@@ -75,7 +75,7 @@ def sentence_attention(translator, source: str, target: Optional[str] = None) ->
             tgt_ids = search(model, src, translator.options)[0][0].tokens  # the best
         tgt_in = torch.tensor([[c.bos_id] + tgt_ids], device=translator.device)  # (1, T)
         weights = force_decode(model, src, tgt_in)
-    pieces = [tokenizer.sp.id_to_piece(i) for i in tgt_ids]
+    pieces = [tokenizer.id_to_piece(i) for i in tgt_ids]
     return SentenceAttention([translator.piece(i) for i in src_ids] + ["</s>"], ["<s>"] + pieces, pieces + ["</s>"],
                              target if target is not None else tokenizer.decode(tgt_ids),
                              AttentionWeights(*([w.cpu() for w in ws] for ws in (weights.encoder, weights.decoder, weights.cross))))

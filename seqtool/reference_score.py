@@ -78,7 +78,7 @@ def score_chunk(translator, start: int, sources: list[str], references: list[str
     """Scores of the references of lines start, start+1, ...; in the same order."""
     model, tokenizer = translator.model, translator.tokenizer
     src_ids = translator.encode(start, sources)
-    ref_ids = tokenizer.encode_batch(references)
+    ref_ids = tokenizer.encode_batch(references, "target")
     max_ref = model.config.max_positions - 1  # the BOS takes one position
     for k, seq in enumerate(ref_ids):
         if len(seq) > max_ref:

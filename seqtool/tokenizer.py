@@ -1,18 +1,28 @@
 """Subword tokenization with sentencepiece.
 
 Owns training a joint sentencepiece model (BPE or unigram) on plain or .gz text, and the
-Tokenizer used everywhere else: fixed special ids (pad 0, unk 1, bos 2, eos 3), encode to ids,
-decode to text, and loading from a path or from the bytes stored inside a checkpoint.
+Tokenizer used everywhere else: encode to ids, decode to text, and loading from a path or from the
+bytes stored inside a checkpoint. A Tokenizer is one of two kinds:
+
+- **joint** (seqtool's own): one sentencepiece model for both sides, with fixed special ids
+  (pad 0, unk 1, bos 2, eos 3) that are its own piece ids;
+- **pair** (an imported Marian model's, interop.py): a source and a target sentencepiece model over
+  one shared id space (the model's vocab.json), with that model's special ids. Source text is
+  encoded by the source model, output ids decoded by the target model, each through the id space.
+  Its bytes are PAIR_MAGIC, one JSON line (the pieces by id, the special ids, the two models'
+  sizes), then the two models: stored in a checkpoint exactly as a joint model's bytes are.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
+import numpy as np
 import sentencepiece as spm
 
 from .config import TokenizerConfig
@@ -21,22 +31,62 @@ from .interrupts import die_with_parent
 from .textio import read_lines
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+PAIR_MAGIC = b"seqtool tokenizer pair 1\n"
 _SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: sentencepiece cannot read them
+
+
+def _processor(data: bytes, source: str) -> spm.SentencePieceProcessor:
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(data)
+    except (RuntimeError, OSError) as error:
+        raise InputError(f"{source}: not a sentencepiece model ({error})") from None
+    return sp
+
+
+def pair_bytes(source: bytes, target: bytes, pieces: Sequence[str], pad: int, unk: int, bos: int, eos: int) -> bytes:
+    """A pair Tokenizer's bytes: the two sentencepiece models and the id space (pieces[i] is id i's piece)."""
+    header = {"pieces": list(pieces), "pad": pad, "unk": unk, "bos": bos, "eos": eos, "source": len(source), "target": len(target)}
+    return PAIR_MAGIC + json.dumps(header, ensure_ascii=False).encode("utf-8") + b"\n" + source + target
 
 
 class Tokenizer:
     def __init__(self, model_bytes: bytes, source: str = "<bytes>"):
         self.model_bytes = bytes(model_bytes)
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.LoadFromSerializedProto(self.model_bytes)
-        except (RuntimeError, OSError) as error:
-            raise InputError(f"{source}: not a sentencepiece model ({error})") from None
+        self.pair = self.model_bytes.startswith(PAIR_MAGIC)
+        if self.pair:
+            self._load_pair(source)
+            return
+        self.sp = self.source_sp = self.target_sp = _processor(self.model_bytes, source)
+        self.pad_id, self.unk_id, self.bos_id, self.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
         if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise InputError(
                 f"{source}: special ids pad/unk/bos/eos are {self.sp.pad_id()}/{self.sp.unk_id()}/"
                 f"{self.sp.bos_id()}/{self.sp.eos_id()}, seqtool needs 0/1/2/3; train it with seqtool train-tokenizer"
             )
+        self._pieces: Optional[list[str]] = None
+        self._to_target = None  # ids are the sentencepiece model's own
+
+    def _load_pair(self, source: str) -> None:
+        rest = self.model_bytes[len(PAIR_MAGIC):]
+        line, _, models = rest.partition(b"\n")
+        try:
+            h = json.loads(line)
+            sizes = (int(h["source"]), int(h["target"]))
+            self._pieces = [str(p) for p in h["pieces"]]
+            self.pad_id, self.unk_id, self.bos_id, self.eos_id = (int(h[k]) for k in ("pad", "unk", "bos", "eos"))
+        except (ValueError, KeyError, TypeError) as error:
+            raise InputError(f"{source}: a damaged tokenizer pair ({error})") from None
+        if len(models) != sum(sizes):
+            raise InputError(f"{source}: a damaged tokenizer pair (its models are {len(models)} bytes, not {sum(sizes)})")
+        self.source_sp = _processor(models[: sizes[0]], f"{source} (source model)")
+        self.target_sp = _processor(models[sizes[0]:], f"{source} (target model)")
+        self._ids = {p: i for i, p in enumerate(self._pieces) if p}
+        # Text is encoded as MarianTokenizer does: the model's pieces as strings (an unknown character
+        # is its own text), each looked up in the id space (missing: unk). Output ids are decoded by
+        # the target model: id -> its piece -> the target model's id for it (one it lacks: its unk).
+        self._to_target = np.array([self.target_sp.piece_to_id(p) if p else self.target_sp.unk_id() for p in self._pieces], dtype=np.int64)
+        self._source_models = (models[: sizes[0]], models[sizes[0]:])
 
     @classmethod
     def load(cls, path: Path) -> "Tokenizer":
@@ -51,30 +101,61 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return self.sp.get_piece_size()
+        return len(self._pieces) if self.pair else self.sp.get_piece_size()
+
+    def id_to_piece(self, i: int) -> str:
+        return self._pieces[i] if self.pair else self.sp.id_to_piece(i)
+
+    def vocabulary(self, languages: Optional[dict] = None) -> list[str]:
+        """Every id's piece; a multilingual model's target tags (its configs' "languages") as >>lang<< after them."""
+        from .languages import Languages
+
+        pieces = list(self._pieces) if self.pair else [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
+        langs = Languages.from_dict(languages)
+        return pieces + ([f">>{t}<<" for t in langs.targets] if langs is not None else [])
+
+    def special_pieces(self) -> dict[str, str]:
+        return {name: self.id_to_piece(i) for name, i in (("pad", self.pad_id), ("unk", self.unk_id), ("bos", self.bos_id), ("eos", self.eos_id))}
+
+    def model_pair(self) -> tuple[bytes, bytes]:
+        """The source and the target sentencepiece model (a joint tokenizer's one model, twice)."""
+        return self._source_models if self.pair else (self.model_bytes, self.model_bytes)
+
+    def _lookup(self, pieces: Sequence[str]) -> list[int]:
+        return [self._ids.get(p, self.unk_id) for p in pieces]
+
+    def _out(self, ids: Iterable[int]) -> list[int]:
+        """The ids decode writes (pad, bos and eos write nothing), as the target model's ids."""
+        kept = [i for i in ids if i not in (self.pad_id, self.bos_id, self.eos_id)]
+        return kept if self._to_target is None else self._to_target[np.asarray(kept, dtype=np.int64)].tolist()
 
     def encode(self, text: str) -> list[int]:
-        return self.sp.encode(text)
+        return self.encode_batch([text])[0]
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode_batch(self, texts: Sequence[str], side: str = "source") -> list[list[int]]:
+        """Token ids of each text; side "target" (references, prefixes, constraints: text of the output
+        language) encodes with a pair's target model."""
+        sp = self.target_sp if side == "target" else self.source_sp
         texts = list(texts)
+        kind = str if self.pair else int
         try:
-            return self.sp.encode(texts)
+            rows = sp.encode(texts, out_type=kind)
         except (TypeError, UnicodeEncodeError):
             # lone surrogates (text read with errors="surrogateescape") are not UTF-8: U+FFFD, as for bad bytes
-            return self.sp.encode([t.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for t in texts])
+            rows = sp.encode([t.encode("utf-8", "surrogatepass").decode("utf-8", "replace") for t in texts], out_type=kind)
+        return [self._lookup(row) for row in rows] if self.pair else rows
 
     def pieces(self, text: str) -> list[str]:
-        return self.sp.encode(text, out_type=str)
+        return self.source_sp.encode(text, out_type=str)
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.sp.decode([i for i in ids if i > EOS_ID or i == UNK_ID])
+        return self.target_sp.decode(self._out(ids))
 
     def decode_batch(self, seqs: Sequence[Iterable[int]]) -> list[str]:
         """decode() of each sequence, in one sentencepiece call (translate decodes a chunk at once)."""
         if not seqs:
             return []
-        return self.sp.decode([[i for i in ids if i > EOS_ID or i == UNK_ID] for ids in seqs])
+        return self.target_sp.decode([self._out(ids) for ids in seqs])
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """encode(text), and the [start, end) character range in `text` of each piece: sentencepiece's
@@ -82,6 +163,11 @@ class Tokenizer:
         split into byte pieces is covered by its last byte piece, the others get an empty range).
         A lone surrogate is read as U+FFFD, as encode_batch does, so offsets still count `text`'s characters."""
         text = _SURROGATE.sub("\ufffd", text)
+        if self.pair:  # the pieces as encode_batch reads them (an unknown character: its own text)
+            proto = self.source_sp.encode(text, out_type="immutable_proto")
+            unk = self.source_sp.unk_id()
+            return (self._lookup([p.surface if p.id == unk else p.piece for p in proto.pieces]),
+                    [(p.begin, p.end) for p in proto.pieces])
         try:
             mapping = self.sp.encode(text, return_type="offset_mapping")  # sentencepiece >= 0.2.3
         except TypeError:  # older: no return_type, an immutable proto with character offsets
@@ -94,14 +180,15 @@ class Tokenizer:
         a '▁' piece's range covers its space; pad, bos and eos write nothing and get an empty range
         where they stand; a character written by byte pieces belongs to its last byte piece."""
         ids = [int(i) for i in ids]
-        kept = [k for k, i in enumerate(ids) if i > EOS_ID or i == UNK_ID]
+        kept = [k for k, i in enumerate(ids) if i not in (self.pad_id, self.bos_id, self.eos_id)]
         if not kept:
             return "", [(0, 0)] * len(ids)
+        written = self._out([ids[k] for k in kept])
         try:
-            mapping = self.sp.decode([ids[k] for k in kept], return_type="offset_mapping")
+            mapping = self.target_sp.decode(written, return_type="offset_mapping")
             text, offsets = mapping["text"], [(a, b) for a, b in mapping["offsets"]]
         except TypeError:
-            proto = self.sp.decode([ids[k] for k in kept], out_type="immutable_proto")
+            proto = self.target_sp.decode(written, out_type="immutable_proto")
             text, offsets = proto.text, [(p.begin, p.end) for p in proto.pieces]
         ranges, at, position = [], 0, 0
         for k in range(len(ids)):

@@ -155,14 +155,14 @@ class Translator:
         """The piece of id i, a target-language tag as >>lang<<."""
         if self.languages is not None and i >= self.languages.first_tag:
             return f">>{self.languages.targets[i - self.languages.first_tag]}<<"
-        return self.tokenizer.sp.id_to_piece(i)
+        return self.tokenizer.id_to_piece(i)
 
     @property
     def word_pieces(self) -> WordPieces:
         """Which pieces continue a word and which open one (for constraints as whole words); built once."""
         if self._word_pieces is None:
             n = self.model.config.vocab_size
-            pieces = [self.tokenizer.sp.id_to_piece(i) if i < self.tokenizer.sp.get_piece_size() else "" for i in range(n)]
+            pieces = [self.tokenizer.id_to_piece(i) if i < self.tokenizer.vocab_size else "" for i in range(n)]
             self._word_pieces = WordPieces.of(pieces, self.device)
         return self._word_pieces
 
@@ -293,9 +293,9 @@ class Translator:
         phrases = [form for item in items for form in ([item] if isinstance(item, str) else item)]
         if not phrases:
             return []
-        alone = self.tokenizer.encode_batch(phrases)
-        lead = self.tokenizer.encode_batch([ATTACH])[0]
-        attached = [ids[len(lead):] if ids[: len(lead)] == lead else [] for ids in self.tokenizer.encode_batch([ATTACH + p for p in phrases])]
+        alone = self.tokenizer.encode_batch(phrases, "target")
+        lead = self.tokenizer.encode_batch([ATTACH], "target")[0]
+        attached = [ids[len(lead):] if ids[: len(lead)] == lead else [] for ids in self.tokenizer.encode_batch([ATTACH + p for p in phrases], "target")]
         forms = iter(zip(alone, attached))
         groups = []
         for item in items:

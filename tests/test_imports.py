@@ -31,7 +31,7 @@ LAYERS = [
     {"training.distill", "training.multilingual"},
     {"training.validate", "training.finetune", "training.update", "binarize", "training.distributed", "training.ema",
      "training.schedule", "training.metrics", "training.savedir"},
-    {"translate", "training.loss"},
+    {"translate", "training.loss", "interop"},
     {"reference_score"},
     {"pipeline"},
     {"ensemble", "search", "workers", "alignment", "score"},

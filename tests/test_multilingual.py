@@ -266,3 +266,36 @@ def test_binarize_makes_a_multilingual_data_dir_that_train_reads(tmp_path):
     seqtool("train", "bin", "--save-dir", "run", *TRAIN[:-2], "--max-updates", "2", cwd=tmp_path)
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["model"]["language_tags"] == 3 and Languages.from_dict(config["languages"]).first_tag == 24
+
+
+@pytest.mark.system
+def test_finetuning_a_multilingual_model_keeps_its_tags_on_one_pair_or_a_new_pair(multi):
+    d, texts = multi
+    tags = Languages.from_dict(json.loads((d / "run" / "config.json").read_text())["languages"])
+    seqtool("train", "--finetune", "run/best.pt", "--src", "es", "--tgt", "de", "--train", "esde.train", "--valid", "esde.valid",
+            "--save-dir", "tuned-es-de", *TRAIN[:-2], "--max-updates", "5", cwd=d)
+    config = json.loads((d / "tuned-es-de" / "config.json").read_text())
+    tuned = Languages.from_dict(config["languages"])
+    assert tuned.pairs == tags.pairs and [tuned.tag(t) for t in tuned.targets] == [tags.tag(t) for t in tags.targets]
+    assert dict(zip(tuned.pairs, tuned.shares)) == {("es", "en"): 0.0, ("es", "de"): 1.0, ("en", "es"): 0.0}
+    assert config["model"]["language_tags"] == 3 and config["model"]["vocab_size"] == tags.first_tag + 3
+    sources = texts[("es", "de", "test")][0][:10]
+    out = seqtool("translate", "-c", "tuned-es-de/best.pt", "--tgt-lang", "de", cwd=d, stdin="\n".join(sources) + "\n").stdout
+    assert sum(h == s for h, s in zip(out.splitlines(), sources)) >= 8  # still copies into de
+    # a pair the model never trained on (en -> de: copies), into a target it has a tag for
+    rows = texts[("en", "es", "train")][0][:300]
+    for split, lines in (("train", rows), ("valid", rows[:20])):
+        (d / f"ende.{split}.en").write_text("\n".join(lines) + "\n")
+        (d / f"ende.{split}.de").write_text("\n".join(lines) + "\n")
+    seqtool("train", "--finetune", "run/best.pt", "--corpus", f"en-de:{d}/ende.train", "--valid-corpus", f"en-de:{d}/ende.valid",
+            "--save-dir", "tuned-en-de", *TRAIN[:-2], "--max-updates", "5", cwd=d)
+    added = Languages.from_dict(json.loads((d / "tuned-en-de" / "config.json").read_text())["languages"])
+    assert added.pairs == tags.pairs + (("en", "de"),) and added.tag("de") == tags.tag("de") and not added.zero_shot("en", "de")
+    (d / "enfr.train.fr").write_text("\n".join(rows) + "\n")
+    (d / "enfr.valid.fr").write_text("\n".join(rows[:20]) + "\n")
+    for name in ("train", "valid"):
+        (d / f"enfr.{name}.en").write_text((d / f"ende.{name}.en").read_text())
+    lacking = cli("train", "--finetune", "run/best.pt", "--corpus", f"en-fr:{d}/enfr.train", "--valid-corpus", f"en-fr:{d}/enfr.valid",
+                  "--save-dir", "tuned-en-fr", *TRAIN[:-2], "--max-updates", "5", cwd=d)
+    assert lacking.returncode == 1 and "no tag for target 'fr' (it translates into de, en, es)" in lacking.stderr
+    assert lacking.stderr.strip().count("\n") == 0

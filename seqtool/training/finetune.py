@@ -4,7 +4,9 @@ Owns what a fine-tuning run takes from its checkpoint and what it refuses: the w
 model configuration (architecture options that disagree are an error, because the weights only
 fit their own architecture; dropout rates may change), and the tokenizer (raw files are
 binarized with it; a DATA_DIR binarized with another tokenizer is refused). The training state
-(optimizer, LR schedule, progress, early stopping) starts fresh: update 0, warmup again.
+(optimizer, LR schedule, progress, early stopping) starts fresh: update 0, warmup again. A
+multilingual checkpoint keeps its target tags: it fine-tunes on one or several pairs into targets
+it has a tag for (a pair it never trained on included), as a multilingual run (multilingual.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -20,6 +22,7 @@ from .. import checkpoint
 from ..errors import ConfigError
 from ..config import ModelConfig
 from ..errors import InputError
+from ..languages import Languages
 from ..textio import atomic_write_bytes
 from ..tokenizer import Tokenizer
 
@@ -42,6 +45,7 @@ class Source:
     tokenizer_bytes: bytes
     weights: dict[str, torch.Tensor]
     weights_sha256: str
+    languages: Optional[Languages] = None  # a multilingual checkpoint's pairs and target tags (its fine-tuning keeps the tags)
 
     @property
     def tokenizer_sha256(self) -> str:
@@ -55,7 +59,8 @@ class Source:
 def load_source(spec: Finetune) -> Source:
     ckpt = checkpoint.load(spec.checkpoint)  # missing, corrupt or foreign files: one clear line
     config = model_config(ModelConfig.from_dict(ckpt["model_config"]), spec.model_overrides, spec.checkpoint)
-    return Source(Path(spec.checkpoint), config, checkpoint.tokenizer_bytes(ckpt), ckpt["weights"], ckpt["weights_sha256"])
+    return Source(Path(spec.checkpoint), config, checkpoint.tokenizer_bytes(ckpt), ckpt["weights"], ckpt["weights_sha256"],
+                  Languages.from_dict(ckpt["configs"].get("languages")))
 
 
 def model_config(saved: ModelConfig, overrides: dict[str, Any], path: Path) -> ModelConfig:

@@ -78,11 +78,19 @@ def prepare_raw(job: TrainJob, source: Optional[TokenizerSource] = None) -> Path
     """Tokenizer + binarized data in SAVE_DIR/data (reused when a previous run made them); with
     --finetune or --teacher, that checkpoint's tokenizer instead of a new one."""
     assert job.raw is not None
-    if job.raw.corpora:
-        if source is not None:
-            multilingual.refuse("--finetune" if isinstance(source, finetune.Source) else "--teacher")
-        return multilingual.prepare(job.save_dir, job.raw.corpora, job.raw.tokenizer, job.train.lang_temperature,
-                                    job.raw.workers, job.force)
+    tuned = isinstance(source, finetune.Source)
+    corpora = job.raw.corpora
+    if tuned and source.languages is not None and not corpora:  # one pair of a multilingual model: tagged, as its pairs are
+        from ..languages import Corpus
+
+        src, tgt = job.train.src_lang, job.train.tgt_lang
+        corpora = [(Corpus(src, tgt, job.raw.train_prefix), Corpus(src, tgt, job.raw.valid_prefix))]
+    if corpora:
+        if source is not None and not tuned:
+            multilingual.refuse("--teacher")
+        base = multilingual.Base(source.path, source.tokenizer_bytes, source.languages) if tuned else None
+        return multilingual.prepare(job.save_dir, corpora, job.raw.tokenizer, job.train.lang_temperature,
+                                    job.raw.workers, job.force, base=base)
     data_dir = Path(job.save_dir) / "data"
     src, tgt = job.train.src_lang, job.train.tgt_lang
     if not src or not tgt:
@@ -131,11 +139,15 @@ def open_data(job: TrainJob, source: Optional[finetune.Source] = None) -> Traini
     check_languages(data_dir, meta, cfg)
     tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
     if multilingual.is_multilingual(meta):
-        if source is not None:
-            multilingual.refuse("--finetune")
         if meta.get("tokenizer_sha256") != hashlib.sha256(tokenizer.model_bytes).hexdigest():
             raise InputError(f"{data_dir}/tokenizer.model is not the tokenizer the data was binarized with (sha256 differs from meta.json)")
         pairs = multilingual.open_pairs(data_dir, meta, cfg, tokenizer)
+        if source is not None:  # its tokenizer, and its tags: the data's targets are the checkpoint's
+            finetune.check_data(source, tokenizer, data_dir)
+            held = source.languages.targets if source.languages is not None else ()
+            if pairs.languages.targets != held:
+                raise InputError(f"{data_dir}: its target tags ({', '.join(pairs.languages.targets)}) are not those of {source.path} "
+                                 f"({', '.join(held) or 'none: a one-pair model'}); give the raw files (--corpus) and seqtool prepares them")
         if not pairs.valid and (cfg.eval_bleu or cfg.patience or cfg.best_metric != "loss"):
             raise ConfigError(f"{data_dir}: has no valid split, which --eval-bleu, --patience and --best-metric need")
         return TrainingData(data_dir, meta, tokenizer, pairs.mixture.epoch(cfg.seed, 1), None, pairs)
@@ -153,7 +165,13 @@ def open_data(job: TrainJob, source: Optional[finetune.Source] = None) -> Traini
 
 
 def check_languages(data_dir: Path, meta: dict, cfg: TrainConfig) -> None:
-    """--src/--tgt, when given, must be the languages DATA_DIR holds (never trained the wrong way silently)."""
+    """--src/--tgt, when given, must be the languages DATA_DIR holds (never trained the wrong way silently);
+    a multilingual DATA_DIR names its pairs itself (a fine-tuning run's one pair included)."""
+    if multilingual.is_multilingual(meta):
+        pairs = [f"{s}-{t}" for s, t in meta["languages"]["pairs"]]
+        if cfg.src_lang and cfg.tgt_lang and f"{cfg.src_lang}-{cfg.tgt_lang}" not in pairs:
+            raise ConfigError(f"--src {cfg.src_lang} --tgt {cfg.tgt_lang}, but {data_dir} holds {', '.join(pairs)}")
+        return
     for option, asked, held in (("--src", cfg.src_lang, meta["src_lang"]), ("--tgt", cfg.tgt_lang, meta["tgt_lang"])):
         if asked and asked != held:
             raise ConfigError(f"{option} {asked}, but {data_dir} holds {meta['src_lang']} -> {meta['tgt_lang']} data; "

@@ -61,8 +61,9 @@ def tokenizer_repeats(files: dict[str, list[Path]], temperature: float) -> dict[
 
 
 def prepare(save_dir: Path, corpora: list[tuple[Corpus, Corpus]], tokenizer_config: TokenizerConfig, temperature: float,
-            workers: int = 1, force: bool = False) -> Path:
-    """SAVE_DIR/data for the --corpus pairs (reused when an earlier run made it from the same files)."""
+            workers: int = 1, force: bool = False, base: Optional["Base"] = None) -> Path:
+    """SAVE_DIR/data for the --corpus pairs (reused when an earlier run made it from the same files);
+    with a base (--finetune of a multilingual checkpoint), its tokenizer and its tags instead of new ones."""
     data_dir = Path(save_dir) / "data"
     files = corpus_files(corpora)
     if (data_dir / "meta.json").exists() and not force:
@@ -72,8 +73,15 @@ def prepare(save_dir: Path, corpora: list[tuple[Corpus, Corpus]], tokenizer_conf
                              "use another --save-dir or pass --force to start over")
         log.info(f"using the data prepared earlier in {data_dir}")
         return data_dir
+    if base is not None:
+        check_targets(base, corpora)
     check_aligned(files)  # before the tokenizer's minutes
     data_dir.mkdir(parents=True, exist_ok=True)
+    if base is not None:
+        log.info(f"using the tokenizer and the target tags of {base.path}")
+        atomic_write_bytes(data_dir / "tokenizer.model", base.tokenizer_bytes)
+        binarize_pairs(corpora, data_dir / "tokenizer.model", data_dir, workers, force=True, base=base.languages)
+        return data_dir
     by_lang: dict[str, list[Path]] = {}
     for c, _ in corpora:
         src, tgt = files[c.pair][:2]
@@ -87,6 +95,25 @@ def prepare(save_dir: Path, corpora: list[tuple[Corpus, Corpus]], tokenizer_conf
                                  repeats=[repeats[l] for l in order for _ in by_lang[l]])
     binarize_pairs(corpora, model_path, data_dir, workers, force=True)
     return data_dir
+
+
+@dataclass
+class Base:
+    """What a multilingual run fine-tuning a checkpoint takes from it (finetune.Source has these)."""
+    path: Path
+    tokenizer_bytes: bytes
+    languages: Optional[Languages]
+
+
+def check_targets(base: Base, corpora: list[tuple[Corpus, Corpus]]) -> None:
+    """Fine-tuning keeps the checkpoint's tags: every pair's target must have one (its source may be any)."""
+    if base.languages is None:
+        raise ConfigError(f"--finetune {base.path}: a one-pair model has no target-language tags; fine-tune it on its own pair "
+                          "(--src/--tgt), or train a multilingual model")
+    lacking = sorted({c.tgt for c, _ in corpora} - set(base.languages.targets))
+    if lacking:
+        raise ConfigError(f"--finetune {base.path}: it has no tag for target {lacking[0]!r} (it translates into "
+                          f"{', '.join(base.languages.targets)}); fine-tuning can add a pair into one of those")
 
 
 def check_aligned(files: dict[str, list[str]]) -> None:
@@ -106,10 +133,11 @@ def corpus_files(corpora: list[tuple[Corpus, Corpus]]) -> dict[str, list[str]]:
 
 
 def binarize_pairs(corpora: list[tuple[Corpus, Corpus]], tokenizer_path: Path, data_dir: Path, workers: int = 1,
-                   force: bool = False) -> dict:
+                   force: bool = False, base: Optional[Languages] = None) -> dict:
     """Each pair binarized by binarize's code into DATA_DIR/SRC-TGT (a complete one-pair DATA_DIR),
     then DATA_DIR/meta.json listing them with their tags (written last: the directory is complete
-    only then) and the tokenizer beside it. Returns that meta."""
+    only then) and the tokenizer beside it. Returns that meta. base: a fine-tuned checkpoint's
+    languages, whose pairs (and so tags) the data's languages keep, its new pairs added after them."""
     data_dir = Path(data_dir)
     files = corpus_files(corpora)
     if (data_dir / "meta.json").exists() and not force:
@@ -123,7 +151,12 @@ def binarize_pairs(corpora: list[tuple[Corpus, Corpus]], tokenizer_path: Path, d
                         data_dir / c.pair, workers=workers, force=True)
         for split in splits:
             splits[split]["lines"] += meta["splits"][split]["lines"]
-    languages = Languages(tuple((c.src, c.tgt) for c, _ in corpora), tokenizer.vocab_size)
+    pairs = tuple((c.src, c.tgt) for c, _ in corpora)
+    if base is not None:
+        if base.first_tag != tokenizer.vocab_size:
+            raise InputError(f"{tokenizer_path}: {tokenizer.vocab_size} pieces, but the checkpoint's first tag is {base.first_tag}")
+        pairs = base.pairs + tuple(p for p in pairs if p not in base.pairs)
+    languages = Languages(pairs, tokenizer.vocab_size)
     top = {
         "format_version": FORMAT_VERSION,
         "src_lang": "", "tgt_lang": "",  # several: see languages
@@ -149,8 +182,11 @@ def open_pairs(data_dir: Path, meta: dict, cfg: TrainConfig, tokenizer: Tokenize
         raise InputError(f"{data_dir}/meta.json: the first language tag is {saved.first_tag}, but the tokenizer has "
                          f"{tokenizer.vocab_size} pieces; prepare the data again")
     parts, valid, sizes = [], {}, {}
+    here = set(meta.get("corpora") or ()) or {f"{s}-{t}" for s, t in saved.pairs}  # (a fine-tuning run: some of the model's pairs)
     for src, tgt in saved.pairs:
         pair = f"{src}-{tgt}"
+        if pair not in here:
+            continue
         sub = data_dir / pair
         sub_meta = read_meta(sub)
         if sub_meta.get("tokenizer_sha256") != meta.get("tokenizer_sha256"):
@@ -161,8 +197,9 @@ def open_pairs(data_dir: Path, meta: dict, cfg: TrainConfig, tokenizer: Tokenize
         if "valid" in sub_meta["splits"]:
             valid[pair] = (ParallelDataset(sub, "valid", sub_meta), saved.tag(tgt))
     shares = temperature_shares([len(p) for p in parts], cfg.lang_temperature)
-    languages = Languages(saved.pairs, saved.first_tag, tuple(shares), cfg.lang_temperature)
-    mixture = Mixture(parts, [saved.tag(t) for _, t in saved.pairs], shares)
+    share_of = dict(zip(sizes, shares))
+    languages = Languages(saved.pairs, saved.first_tag, tuple(share_of.get(f"{s}-{t}", 0.0) for s, t in saved.pairs), cfg.lang_temperature)
+    mixture = Mixture(parts, [saved.tag(t) for s, t in saved.pairs if f"{s}-{t}" in here], shares)
     log.info("pairs: " + ", ".join(f"{p} {n:,} lines, {s:.1%} of an epoch" for (p, n), s in zip(sizes.items(), shares))
              + f" (--lang-temperature {cfg.lang_temperature:g})")
     return Opened(languages, mixture, valid, sizes)

@@ -1,0 +1,269 @@
+"""transformers' Marian format (interop.py): `seqtool import` of a MarianMTModel directory, and
+`seqtool export --format huggingface` of a seqtool model. Nothing is downloaded: the Marian models
+are built here with transformers' own classes (random weights, drawn wide enough that no two
+logits tie), with source and target sentencepiece models trained on the bundled bible."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import seqtool
+
+BIBLE = Path(__file__).resolve().parents[1] / "data" / "bible-es-en"
+
+
+def bible(split: str, lang: str, n: int) -> list[str]:
+    with gzip.open(BIBLE / f"{split}.{lang}.gz", "rt", encoding="utf-8") as fh:
+        return [next(fh).strip() for _ in range(n)]
+
+
+def cli(*args, cwd):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "seqtool", *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="2"))
+
+
+@pytest.fixture(scope="module")
+def spms(tmp_path_factory) -> Path:
+    """source.spm (Spanish) and target.spm (English), 300 pieces each, with Marian's special ids
+    (unk 0, bos 1, eos 2: sentencepiece's own defaults), and vocab.json over both: </s> 0, <unk> 1,
+    the pieces, <pad> last, as OPUS-MT's are laid out."""
+    import sentencepiece as spm
+
+    d = tmp_path_factory.mktemp("spm")
+    for side, lang in (("source", "es"), ("target", "en")):
+        (d / f"{lang}.txt").write_text("\n".join(bible("train", lang, 3000)) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(input=str(d / f"{lang}.txt"), model_prefix=str(d / side), vocab_size=300,
+                                       model_type="unigram", minloglevel=2)
+        (d / f"{side}.model").rename(d / f"{side}.spm")
+    pieces = ["</s>", "<unk>"]
+    for side in ("source", "target"):
+        sp = spm.SentencePieceProcessor(model_file=str(d / f"{side}.spm"))
+        pieces += [p for p in (sp.id_to_piece(i) for i in range(sp.get_piece_size())) if p not in pieces and p not in ("<s>",)]
+    pieces.append("<pad>")
+    (d / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
+    return d
+
+
+def marian_dir(spms: Path, out: Path, seed: int = 0, **config) -> Path:
+    """A random MarianMTModel saved as transformers saves one, with spms' tokenizer files."""
+    import shutil
+
+    from transformers import MarianConfig, MarianMTModel
+
+    vocab = json.loads((spms / "vocab.json").read_text())
+    V = len(vocab)
+    settings = dict(vocab_size=V, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                    decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=128,
+                    activation_function="swish", scale_embedding=True, pad_token_id=V - 1, eos_token_id=0,
+                    decoder_start_token_id=V - 1, forced_eos_token_id=0, dropout=0.0)
+    settings.update(config)
+    torch.manual_seed(seed)
+    model = MarianMTModel(MarianConfig(**settings)).eval()
+    with torch.no_grad():  # wide weights: logits far apart, so float rounding never decides an argmax
+        for name, p in model.named_parameters():
+            if "layer_norm" in name:
+                p.copy_(torch.randn_like(p) * 0.1 + (1.0 if name.endswith("weight") else 0.0))
+            elif "embed_positions" not in name:
+                p.normal_(0.0, 0.25)
+        bias = torch.randn(1, V) * 0.5
+        bias[0, 0] = 2.0  # EOS likelier: outputs of many lengths, some ending before the limit
+        bias[0, 1] = -1e4  # never <unk> (transformers' decode drops it, seqtool's writes it)
+        model.final_logits_bias.copy_(bias)
+    model.save_pretrained(out)
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        shutil.copy(spms / name, out / name)
+    (out / "tokenizer_config.json").write_text(json.dumps({"source_lang": "es", "target_lang": "en", "tokenizer_class": "MarianTokenizer"}))
+    return out
+
+
+# ---- unit --------------------------------------------------------------------------------------
+@pytest.mark.unit
+def test_marian_positions_are_seqtool_positions_in_another_order():
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    from seqtool.interop import marian_positions, residual_order
+    from seqtool.model import sinusoidal_positions
+
+    table = MarianSinusoidalPositionalEmbedding(50, 16)
+    theirs = table.create_weight() if hasattr(table, "create_weight") else table.weight
+    assert torch.allclose(marian_positions(50, 16), theirs, atol=1e-6)
+    assert torch.equal(sinusoidal_positions(50, 16), marian_positions(50, 16)[:, residual_order(16)])
+    assert sorted(residual_order(16).tolist()) == list(range(16))
+
+
+@pytest.mark.unit
+def test_what_seqtool_cannot_run_exactly_is_refused_by_its_field():
+    from seqtool.errors import InputError
+    from seqtool.interop import model_config
+
+    good = dict(model_type="marian", d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                decoder_ffn_dim=64, activation_function="swish", vocab_size=100, pad_token_id=99, eos_token_id=0,
+                decoder_start_token_id=99, scale_embedding=True)
+    c = model_config(good, "config.json")
+    assert (c.activation, c.scale_embedding, c.output_bias, c.pre_norm, c.bos_id, c.pad_id) == ("swish", True, True, False, 99, 99)
+    for change, field in (({"model_type": "bart"}, "model_type"), ({"decoder_attention_heads": 8}, "decoder_attention_heads"),
+                          ({"decoder_ffn_dim": 128}, "decoder_ffn_dim"), ({"activation_function": "gelu_new"}, "activation_function"),
+                          ({"d_model": 33}, "d_model"), ({"decoder_vocab_size": 50}, "decoder_vocab_size"),
+                          ({"eos_token_id": [0, 1]}, "eos_token_id"), ({"normalize_before": True}, "normalize_before")):
+        with pytest.raises(InputError, match=f"config.json: {field} = "):
+            model_config({**good, **change}, "config.json")
+
+
+# ---- integration: imported models compute what transformers computes ---------------------------
+@pytest.mark.integration
+@pytest.mark.parametrize("config", [
+    dict(activation_function="swish", scale_embedding=True),
+    dict(activation_function="gelu", scale_embedding=False),
+    dict(activation_function="relu", share_encoder_decoder_embeddings=False, tie_word_embeddings=False),
+], ids=["swish-scaled-tied", "gelu-unscaled", "relu-separate-embeddings"])
+def test_an_imported_model_gives_transformers_logits(spms, tmp_path, config):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from seqtool import checkpoint
+    from seqtool.interop import import_marian
+    from seqtool.model import padded
+
+    d = marian_dir(spms, tmp_path / "marian", **config)
+    import_marian(d, tmp_path / "model.pt")
+    ours = checkpoint.load_model(checkpoint.load(tmp_path / "model.pt"))
+    theirs = MarianMTModel.from_pretrained(d).eval()
+    tok = MarianTokenizer.from_pretrained(d)
+    lines = bible("test", "es", 8)
+    batch = tok(lines, return_tensors="pt", padding=True)
+    targets = tok(text_target=bible("test", "en", 8), return_tensors="pt", padding=True).input_ids
+    start = torch.full((targets.size(0), 1), theirs.config.decoder_start_token_id)
+    tgt_in = torch.cat([start, targets[:, :-1]], dim=1)
+    with torch.no_grad():
+        expected = theirs(**batch, decoder_input_ids=tgt_in).logits
+        got = ours(padded([[i for i in row if i != tok.pad_token_id] for row in batch.input_ids.tolist()], ours.config.pad_id), tgt_in)
+    real = tgt_in.ne(tok.pad_token_id) | (torch.arange(tgt_in.size(1)) == 0)  # (padding positions are free to differ)
+    assert (got - expected)[real].abs().max() < 1e-4
+
+
+@pytest.mark.integration
+def test_an_imported_model_searches_as_generate_does(spms, tmp_path):
+    """Greedy and beam 4 (transformers with early_stopping=True: stop at 4 finished hypotheses, as
+    seqtool's beam search does) on 100 sentences, with one length penalty and one length limit:
+    the same token ids, and the same source ids from the pair tokenizer as from MarianTokenizer."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    from seqtool.interop import import_marian
+    from seqtool.translate import Translator
+
+    d = marian_dir(spms, tmp_path / "marian")
+    import_marian(d, tmp_path / "model.pt")
+    theirs = MarianMTModel.from_pretrained(d).eval()
+    tok = MarianTokenizer.from_pretrained(d)
+    lines = bible("test", "es", 100)
+    M = 20  # seqtool: at most M tokens, then EOS; transformers: M + 1 new tokens, the last one forced EOS
+    for beam, lenpen in ((1, 1.0), (4, 1.0), (4, 0.6)):
+        t = Translator.load(tmp_path / "model.pt", beam=beam, lenpen=lenpen, max_len_a=0, max_len_b=M, loop_guard=0,
+                            device="cpu", precision="fp32")
+        assert [row + [tok.eos_token_id] for row in t.encode(0, lines)] == tok(lines).input_ids
+        ours = [tr.hypotheses[0].tokens for tr in t.translate_chunk(0, lines)]
+        with torch.no_grad():
+            out = theirs.generate(**tok(lines, return_tensors="pt", padding=True), num_beams=beam, length_penalty=lenpen,
+                                  early_stopping=True, max_new_tokens=M + 1, min_new_tokens=1, do_sample=False)
+        expected = [[i for i in row[1:] if i not in (tok.pad_token_id, tok.eos_token_id)] for row in out.tolist()]
+        same = sum(a == b for a, b in zip(ours, expected))
+        assert same == len(lines), f"beam {beam}, lenpen {lenpen}: {same} of {len(lines)} equal"
+        assert len({len(x) for x in ours}) > 3  # outputs of many lengths, not all at the limit
+
+
+# ---- system: the CLI ---------------------------------------------------------------------------
+@pytest.mark.system
+def test_seqtool_import_then_translate_and_serve_features(spms, tmp_path):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    d = marian_dir(spms, tmp_path / "opus-mt-es-en")
+    seqtool("import", d, "--output", "model.pt", cwd=tmp_path)
+    lines = bible("test", "es", 30)
+    out = seqtool("translate", "-c", "model.pt", "--beam", "1", "--max-len-a", "0", "--max-len-b", "20", "--loop-guard", "0",
+                  "--precision", "fp32", "--split-sentences", "never", cwd=tmp_path, stdin="\n".join(lines) + "\n").stdout.splitlines()
+    theirs, tok = MarianMTModel.from_pretrained(d).eval(), MarianTokenizer.from_pretrained(d)
+    with torch.no_grad():
+        ids = theirs.generate(**tok(lines, return_tensors="pt", padding=True), num_beams=1, max_new_tokens=21, min_new_tokens=1)
+    assert out == tok.batch_decode(ids, skip_special_tokens=True)
+    info = seqtool("info", "model.pt", cwd=tmp_path).stdout
+    assert "a source and a target model over one id space" in info and "format=marian" in info and "src_lang=es" in info
+    for split, n in (("ft", 200), ("ftv", 20)):  # fine-tuning keeps both tokenizers: the targets are encoded by target.spm
+        for lang in ("es", "en"):
+            (tmp_path / f"{split}.{lang}").write_text("\n".join(bible("train", lang, n)) + "\n", encoding="utf-8")
+    seqtool("train", "--finetune", "model.pt", "--src", "es", "--tgt", "en", "--train", "ft", "--valid", "ftv", "--save-dir", "tuned",
+            "--max-updates", "3", "--threads", "2", cwd=tmp_path)
+    from seqtool import checkpoint
+    from seqtool.tokenizer import Tokenizer
+
+    tuned = checkpoint.load(tmp_path / "tuned" / "best.pt")
+    assert checkpoint.tokenizer_bytes(tuned) == checkpoint.tokenizer_bytes(checkpoint.load(tmp_path / "model.pt"))
+    meta = json.loads((tmp_path / "tuned" / "data" / "meta.json").read_text())
+    english = Tokenizer(checkpoint.tokenizer_bytes(tuned)).encode_batch([bible("train", "en", 1)[0]], "target")[0]
+    assert meta["special_ids"]["eos"] == 0 and english == tok(text_target=bible("train", "en", 1)).input_ids[0][:-1]
+    assert len(seqtool("translate", "-c", "tuned/best.pt", "--max-len-b", "10", cwd=tmp_path, stdin=lines[0] + "\n").stdout.splitlines()) == 1
+    int8 = seqtool("translate", "-c", "model.pt", "--quantize", "int8", "--max-len-b", "20", cwd=tmp_path, stdin="\n".join(lines[:5]) + "\n")
+    assert len(int8.stdout.splitlines()) == 5
+    prefixed = seqtool("translate", "-c", "model.pt", "--beam", "2", "--max-len-b", "20", "--target-prefix", "And", cwd=tmp_path,
+                       stdin=lines[0] + "\n").stdout
+    assert prefixed.startswith("And")
+    again = cli("import", d, "--output", "model.pt", cwd=tmp_path)
+    assert again.returncode == 1 and "already exists" in again.stderr
+    config = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_new"}))
+    refused = cli("import", d, "--output", "other.pt", cwd=tmp_path)
+    assert refused.returncode == 1 and "activation_function = \"gelu_new\"" in refused.stderr and refused.stderr.count("\n") == 1
+    assert not (tmp_path / "other.pt").exists()
+
+
+@pytest.mark.system
+def test_a_trained_seqtool_model_exports_to_transformers_and_generates_as_seqtool_translates(tmp_path):
+    """A post-norm model trained briefly on 3,000 bible lines, exported, loaded by MarianMTModel and
+    AutoTokenizer: its greedy output equals `seqtool translate --beam 1` on >= 95 of 100 test lines."""
+    from transformers import AutoTokenizer, MarianMTModel
+
+    for split, n in (("train", 3000), ("valid", 100)):
+        for lang in ("es", "en"):
+            (tmp_path / f"{split}.{lang}").write_text("\n".join(bible(split, lang, n)) + "\n", encoding="utf-8")
+    seqtool("train", "--src", "es", "--tgt", "en", "--train", "train", "--valid", "valid", "--save-dir", "run", "--arch", "tiny",
+            "--vocab-size", "500", "--max-updates", "150", "--max-tokens", "2000", "--threads", "2", cwd=tmp_path)
+    seqtool("export", "run/best.pt", "hf", "--format", "huggingface", cwd=tmp_path)
+    lines = bible("test", "es", 100)
+    ours = seqtool("translate", "-c", "run/best.pt", "--beam", "1", "--max-len-a", "0", "--max-len-b", "30", "--loop-guard", "0",
+                   "--precision", "fp32", "--split-sentences", "never", cwd=tmp_path, stdin="\n".join(lines) + "\n").stdout.splitlines()
+    model, tok = MarianMTModel.from_pretrained(tmp_path / "hf").eval(), AutoTokenizer.from_pretrained(tmp_path / "hf")
+    with torch.no_grad():
+        ids = model.generate(**tok(lines, return_tensors="pt", padding=True), num_beams=1, max_new_tokens=31, min_new_tokens=1)
+    theirs = tok.batch_decode(ids, skip_special_tokens=True)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 95
+    seqtool("import", "hf", "--output", "back.pt", cwd=tmp_path)  # and back: the same translations
+    back = seqtool("translate", "-c", "back.pt", "--beam", "1", "--max-len-a", "0", "--max-len-b", "30", "--loop-guard", "0",
+                   "--precision", "fp32", "--split-sentences", "never", cwd=tmp_path, stdin="\n".join(lines) + "\n").stdout.splitlines()
+    assert sum(a == b for a, b in zip(ours, back)) >= 95
+
+
+@pytest.mark.integration
+def test_a_pre_norm_model_is_refused_by_the_huggingface_export(tiny_checkpoint, tmp_path):
+    from seqtool import checkpoint
+    from seqtool.config import ModelConfig
+    from seqtool.errors import InputError
+    from seqtool.export import export
+    from seqtool.model import Transformer
+
+    ckpt = checkpoint.load(tiny_checkpoint)
+    config = ModelConfig.from_dict(ckpt["model_config"]).replace(pre_norm=True)
+    pre = checkpoint.build({**ckpt["configs"], "model": config.to_dict()}, checkpoint.tokenizer_bytes(ckpt),
+                           checkpoint.model_state(Transformer(config)))
+    checkpoint.save(pre, tmp_path / "pre.pt")
+    with pytest.raises(InputError, match="pre-norm .* post-norm only"):
+        export(tmp_path / "pre.pt", tmp_path / "hf", "huggingface")
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(Exception, match="--quantization is CTranslate2's"):
+        export(tiny_checkpoint, tmp_path / "hf", "huggingface", quantization="int8")
