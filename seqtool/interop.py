@@ -339,7 +339,8 @@ def export_marian(ckpt: dict[str, Any], out: Path) -> None:
     names = tokenizer.special_pieces()
     settings = {"tokenizer_class": "MarianTokenizer", "source_lang": train.get("src_lang") or None,
                 "target_lang": train.get("tgt_lang") or None, "unk_token": names["unk"], "eos_token": names["eos"],
-                "pad_token": names["pad"], "model_max_length": c.max_positions, "separate_vocabs": False}
+                "pad_token": names["pad"], "model_max_length": c.max_positions, "separate_vocabs": False,
+                "clean_up_tokenization_spaces": False}  # (seqtool writes what sentencepiece decodes: no "cleaning" of spaces)
     source, target = tokenizer.model_pair()
     for name, data in (("source.spm", source), ("target.spm", target)):
         (out / name).write_bytes(data)
