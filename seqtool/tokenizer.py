@@ -84,8 +84,12 @@ class Tokenizer:
         self._ids = {p: i for i, p in enumerate(self._pieces) if p}
         # Text is encoded as MarianTokenizer does: the model's pieces as strings (an unknown character
         # is its own text), each looked up in the id space (missing: unk). Output ids are decoded by
-        # the target model: id -> its piece -> the target model's id for it (one it lacks: its unk).
-        self._to_target = np.array([self.target_sp.piece_to_id(p) if p else self.target_sp.unk_id() for p in self._pieces], dtype=np.int64)
+        # the target model: id -> its piece -> the target model's id for it; where a piece of the
+        # shared id space is not the target model's (-1 here), the output's pieces are written as
+        # their text, as sentencepiece's DecodePieces (and so MarianTokenizer) writes them.
+        unk = self.target_sp.unk_id()
+        self._to_target = np.array([-1 if not p else (k if (k := self.target_sp.piece_to_id(p)) != unk or i == self.unk_id else -1)
+                                    for i, p in enumerate(self._pieces)], dtype=np.int64)
         self._source_models = (models[: sizes[0]], models[sizes[0]:])
 
     @classmethod
@@ -125,9 +129,8 @@ class Tokenizer:
         return [self._ids.get(p, self.unk_id) for p in pieces]
 
     def _out(self, ids: Iterable[int]) -> list[int]:
-        """The ids decode writes (pad, bos and eos write nothing), as the target model's ids."""
-        kept = [i for i in ids if i not in (self.pad_id, self.bos_id, self.eos_id)]
-        return kept if self._to_target is None else self._to_target[np.asarray(kept, dtype=np.int64)].tolist()
+        """The ids decode writes (pad, bos and eos write nothing)."""
+        return [i for i in ids if i not in (self.pad_id, self.bos_id, self.eos_id)]
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
@@ -149,13 +152,15 @@ class Tokenizer:
         return self.source_sp.encode(text, out_type=str)
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.target_sp.decode(self._out(ids))
+        return self.decode_with_offsets(ids)[0] if self.pair else self.sp.decode(self._out(ids))
 
     def decode_batch(self, seqs: Sequence[Iterable[int]]) -> list[str]:
         """decode() of each sequence, in one sentencepiece call (translate decodes a chunk at once)."""
         if not seqs:
             return []
-        return self.target_sp.decode([self._out(ids) for ids in seqs])
+        if self.pair:
+            return [self.decode(ids) for ids in seqs]
+        return self.sp.decode([self._out(ids) for ids in seqs])
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """encode(text), and the [start, end) character range in `text` of each piece: sentencepiece's
@@ -163,11 +168,10 @@ class Tokenizer:
         split into byte pieces is covered by its last byte piece, the others get an empty range).
         A lone surrogate is read as U+FFFD, as encode_batch does, so offsets still count `text`'s characters."""
         text = _SURROGATE.sub("\ufffd", text)
-        if self.pair:  # the pieces as encode_batch reads them (an unknown character: its own text)
-            proto = self.source_sp.encode(text, out_type="immutable_proto")
-            unk = self.source_sp.unk_id()
-            return (self._lookup([p.surface if p.id == unk else p.piece for p in proto.pieces]),
-                    [(p.begin, p.end) for p in proto.pieces])
+        if self.pair:  # the pieces as encode_batch reads them (an unknown character: its own text), and their spans
+            pieces = self.source_sp.encode(text, out_type=str)
+            mapping = self.source_sp.encode(text, return_type="offset_mapping")
+            return self._lookup(pieces), [(a, b) for a, b in mapping["offsets"]]
         try:
             mapping = self.sp.encode(text, return_type="offset_mapping")  # sentencepiece >= 0.2.3
         except TypeError:  # older: no return_type, an immutable proto with character offsets
@@ -183,13 +187,19 @@ class Tokenizer:
         kept = [k for k, i in enumerate(ids) if i not in (self.pad_id, self.bos_id, self.eos_id)]
         if not kept:
             return "", [(0, 0)] * len(ids)
-        written = self._out([ids[k] for k in kept])
-        try:
-            mapping = self.target_sp.decode(written, return_type="offset_mapping")
-            text, offsets = mapping["text"], [(a, b) for a, b in mapping["offsets"]]
-        except TypeError:
-            proto = self.target_sp.decode(written, out_type="immutable_proto")
-            text, offsets = proto.text, [(p.begin, p.end) for p in proto.pieces]
+        written = [ids[k] for k in kept]
+        if self.pair:
+            written = self._to_target[np.asarray(written, dtype=np.int64)].tolist()
+            if min(written) < 0:  # a piece the target model lacks: every piece as its text
+                text, offsets = self._as_text([ids[k] for k in kept])
+                written = []
+        if written:
+            try:
+                mapping = self.target_sp.decode(written, return_type="offset_mapping")
+                text, offsets = mapping["text"], [(a, b) for a, b in mapping["offsets"]]
+            except TypeError:
+                proto = self.target_sp.decode(written, out_type="immutable_proto")
+                text, offsets = proto.text, [(p.begin, p.end) for p in proto.pieces]
         ranges, at, position = [], 0, 0
         for k in range(len(ids)):
             if at < len(kept) and kept[at] == k:
@@ -198,6 +208,21 @@ class Tokenizer:
                 at += 1
             else:
                 ranges.append((position, position))
+        return text, ranges
+
+
+    def _as_text(self, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+        """A pair's pieces written as their text ('▁' a space, unk as sentencepiece writes it), the text
+        stripped as MarianTokenizer strips it, and each piece's range in it."""
+        parts = [" \u2047 " if i == self.unk_id else self._pieces[i].replace("\u2581", " ") for i in ids]
+        whole = "".join(parts)
+        lead = len(whole) - len(whole.lstrip())
+        text = whole.strip()
+        ranges, at = [], 0
+        for part in parts:
+            a, b = at - lead, at + len(part) - lead
+            ranges.append((min(max(a, 0), len(text)), min(max(b, 0), len(text))))
+            at += len(part)
         return text, ranges
 
 

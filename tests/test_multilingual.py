@@ -137,7 +137,7 @@ def test_a_multilingual_run_records_its_pairs_and_validates_each(multi):
     assert last["loss"] == pytest.approx(np.mean([p["loss"] for p in last["pairs"].values()]))  # best.pt by the mean
     assert last["bleu"] == pytest.approx(np.mean([p["bleu"] for p in last["pairs"].values()]))
     info = seqtool("info", "run/best.pt", cwd=d).stdout
-    assert "es-en" in info and "target tags de=" in info and "temperature 5" in info
+    assert "es-en" in info and "target tags de=" in info and "temperature 1" in info
 
 
 @pytest.mark.system
