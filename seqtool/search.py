@@ -90,9 +90,7 @@ def _prefix_pass(model, tokens: Tensor, cache, max_len: Tensor, min_len: int) ->
 
 def _banned(c, lprobs: Tensor, step: int, max_len: Tensor, min_len: int) -> Tensor:
     """lprobs (rows, V) of the token at `step` with PAD, BOS and language tags banned, EOS banned before min_len
-    and the only choice at a row's max_len, where it costs nothing (log 1: the end is forced, not the
-    model's choice; transformers' forced_eos_token_id scores it so, and CTranslate2 stops there
-    without one), so hypotheses cut at the limit rank by what the model chose."""
+    and the only choice at a row's max_len."""
     lprobs[:, c.pad_id] = NEG_INF
     lprobs[:, c.bos_id] = NEG_INF
     if c.language_tags:  # target-language tags lead a source; never an output (languages.py)
@@ -101,8 +99,9 @@ def _banned(c, lprobs: Tensor, step: int, max_len: Tensor, min_len: int) -> Tens
         lprobs[:, c.eos_id] = NEG_INF
     at_limit = max_len <= step  # (rows,) only EOS may follow
     if bool(at_limit.any()):
+        eos = lprobs[:, c.eos_id].clone()
         lprobs[at_limit] = NEG_INF
-        lprobs[at_limit, c.eos_id] = 0.0
+        lprobs[at_limit, c.eos_id] = torch.where(torch.isfinite(eos[at_limit]), eos[at_limit], torch.zeros_like(eos[at_limit]))
     return lprobs
 
 

@@ -273,7 +273,7 @@ def test_finetuning_a_multilingual_model_keeps_its_tags_on_one_pair_or_a_new_pai
     d, texts = multi
     tags = Languages.from_dict(json.loads((d / "run" / "config.json").read_text())["languages"])
     seqtool("train", "--finetune", "run/best.pt", "--src", "es", "--tgt", "de", "--train", "esde.train", "--valid", "esde.valid",
-            "--save-dir", "tuned-es-de", *TRAIN[:-2], "--max-updates", "5", cwd=d)
+            "--save-dir", "tuned-es-de", *TRAIN[:-2], "--max-updates", "5", "--lr", "1e-5", cwd=d)
     config = json.loads((d / "tuned-es-de" / "config.json").read_text())
     tuned = Languages.from_dict(config["languages"])
     assert tuned.pairs == tags.pairs and [tuned.tag(t) for t in tuned.targets] == [tags.tag(t) for t in tags.targets]
