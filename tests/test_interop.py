@@ -188,7 +188,7 @@ def test_an_imported_model_searches_as_generate_does(spms, tmp_path):
 
 # ---- system: the CLI ---------------------------------------------------------------------------
 @pytest.mark.system
-def test_seqtool_import_then_translate_and_serve_features(spms, tmp_path):
+def test_seqtool_import_then_translate_with_seqtool_features(spms, tmp_path):
     from transformers import MarianMTModel, MarianTokenizer
 
     d = marian_dir(spms, tmp_path / "opus-mt-es-en")
@@ -224,6 +224,11 @@ def test_seqtool_import_then_translate_and_serve_features(spms, tmp_path):
     prefixed = seqtool("translate", "-c", "model.pt", "--beam", "2", "--max-len-b", "20", "--target-prefix", "prefix.txt", cwd=tmp_path,
                        stdin=lines[0] + "\n").stdout
     assert prefixed.startswith("And")
+    bf16 = seqtool("translate", "-c", "model.pt", "--precision", "bf16", "--max-len-b", "20", cwd=tmp_path, stdin="\n".join(lines[:5]) + "\n")
+    assert len(bf16.stdout.splitlines()) == 5
+    (tmp_path / "page.html").write_text(f"<p>{lines[0]} <b>{lines[1]}</b></p>\n<pre>{lines[2]}</pre>\n")
+    page = seqtool("translate", "-c", "model.pt", "--format", "html", "-i", "page.html", "--max-len-b", "20", cwd=tmp_path).stdout
+    assert page.count("<b>") == 1 and f"<pre>{lines[2]}</pre>" in page  # tags kept, pre untouched
     again = cli("import", d, "--output", "model.pt", cwd=tmp_path)
     assert again.returncode == 1 and "already exists" in again.stderr
     config = json.loads((d / "config.json").read_text())
