@@ -27,6 +27,7 @@ import sentencepiece as spm
 
 from .config import TokenizerConfig
 from .errors import InputError
+from .languages import Languages
 from .interrupts import die_with_parent
 from .textio import read_lines
 
@@ -112,8 +113,6 @@ class Tokenizer:
 
     def vocabulary(self, languages: Optional[dict] = None) -> list[str]:
         """Every id's piece; a multilingual model's target tags (its configs' "languages") as >>lang<< after them."""
-        from .languages import Languages
-
         pieces = list(self._pieces) if self.pair else [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
         langs = Languages.from_dict(languages)
         return pieces + ([f">>{t}<<" for t in langs.targets] if langs is not None else [])

@@ -19,6 +19,7 @@ from ..binarize import SplitSpec, binarize
 from ..config import ModelConfig, OptimConfig, TokenizerConfig, TrainConfig
 from ..data import ParallelDataset, epoch_batches, min_pair_length, read_meta
 from ..errors import ConfigError, InputError
+from ..languages import Corpus
 from ..tokenizer import Tokenizer, train_tokenizer
 from .distill import Distill
 
@@ -81,8 +82,6 @@ def prepare_raw(job: TrainJob, source: Optional[TokenizerSource] = None) -> Path
     tuned = isinstance(source, finetune.Source)
     corpora = job.raw.corpora
     if tuned and source.languages is not None and not corpora:  # one pair of a multilingual model: tagged, as its pairs are
-        from ..languages import Corpus
-
         src, tgt = job.train.src_lang, job.train.tgt_lang
         corpora = [(Corpus(src, tgt, job.raw.train_prefix), Corpus(src, tgt, job.raw.valid_prefix))]
     if corpora:
