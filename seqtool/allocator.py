@@ -8,11 +8,16 @@ same size is page-faulted in and zero-filled again. Profiled on int8 beam-5 deco
 test lines: writing one position into a fresh cache buffer took 0.5-0.7 ms instead of 0.05 ms,
 and the process took about 350,000 more minor page faults.
 
-keep_freed_memory() raises the mmap threshold to glibc's maximum (32 MiB) and the trim
-threshold to 1 GiB, so freed blocks stay in the heap and are reused without faults. The peak
-RSS is unchanged (the blocks were live at the peak anyway); the process just does not give
-memory back between steps. Measured on the cpu-small int8 model (600 lines, beam 5, 2 threads,
-6 interleaved runs): median 2,880 target tokens/s against 2,446 (+18%).
+keep_freed_memory() turns mmap off for the allocator (M_MMAP_MAX 0: every block comes from the
+heap) and raises the trim threshold to 1 GiB, so freed blocks stay in the heap and are reused
+without faults. The peak RSS barely moves (the blocks were live at the peak anyway); the process
+just does not give memory back between steps. Measured on the cpu-small int8 model (600 lines,
+beam 5, 2 threads, 6 interleaved runs), with the mmap threshold raised to glibc's maximum (32 MiB)
+rather than mmap off: median 2,880 target tokens/s against 2,446 (+18%). That maximum left the
+blocks of a large vocabulary mapped: the logits of a 58,101-id model are 60 MB at 256 rows, and
+int8 beam 4 on a model of opus-mt-en-de's shape (200 lines, 2 threads) took 1.7 million page
+faults and ran at 610 target tokens/s; with mmap off, 330,000 faults and 695 tokens/s (peak
+RSS 1.27 -> 1.40 GB).
 
 It changes the whole process (as torch.set_num_threads does), so it is applied where decoding
 owns the process: `Translator.load` on CPU. Training leaves glibc's defaults alone (there the
@@ -27,9 +32,9 @@ import sys
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters (malloc.h)
 M_TOP_PAD = -2
-M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 
-MMAP_THRESHOLD = 32 << 20  # glibc's largest allowed value on 64-bit systems
+MMAP_MAX = 0  # no block is served by mmap: every block comes from the heap, where freed ones stay
 TRIM_THRESHOLD = 1 << 30
 TOP_PAD = 64 << 20  # heap growth in steps of 64 MiB: fewer brk calls
 
@@ -50,7 +55,7 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    ok = all(mallopt(p, v) == 1 for p, v in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+    ok = all(mallopt(p, v) == 1 for p, v in ((M_MMAP_MAX, MMAP_MAX), (M_TRIM_THRESHOLD, TRIM_THRESHOLD),
                                               (M_TOP_PAD, TOP_PAD)))
     _applied = ok
     return ok
