@@ -43,6 +43,7 @@ from torch import Tensor
 from .config import Sampling, SearchOptions
 from .constraints import ConstraintState, WordPieces, stripes
 from .errors import ConfigError
+from .kernels import log_softmax_
 
 __all__ = ["Hypothesis", "Sampling", "SearchOptions", "beam_search", "greedy_search", "sample", "search"]
 
@@ -75,7 +76,7 @@ def _max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int, max_position
 def _step_lprobs(model, tokens: Tensor, cache, step: int, max_len: Tensor, min_len: int) -> Tensor:
     """Log-probabilities of the next token (rows, V) with bans and forced EOS applied."""
     logits = model.decode(tokens, None, None, cache)[:, -1]  # (rows, V)
-    return _banned(model.config, logits.float().log_softmax(dim=-1), step, max_len, min_len)
+    return _banned(model.config, log_softmax_(logits), step, max_len, min_len)
 
 
 def _prefix_pass(model, tokens: Tensor, cache, max_len: Tensor, min_len: int) -> tuple[Tensor, Tensor]:

@@ -79,3 +79,18 @@ def test_linear_relu_fuses_the_relu_into_the_matrix_product_and_gives_the_same_n
     y.sum().backward()
     torch.testing.assert_close(y, torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias)))
     assert x.grad is not None and layer.weight.grad is not None
+
+
+def test_log_softmax_in_place_gives_log_softmax_values_and_leaves_others_alone():
+    torch.manual_seed(0)
+    x = torch.randn(37, 58101) * 5
+    x[:, ::11] = float("-inf")  # banned tokens
+    want = x.log_softmax(dim=-1)
+    mine = x.clone()
+    got = lin.log_softmax_(mine)
+    assert got.data_ptr() == mine.data_ptr() and torch.equal(got, want)  # in place, the same values
+    half = x[:, :100].to(torch.bfloat16)  # another dtype: a new float32 tensor, the input untouched
+    kept = half.clone()
+    assert torch.equal(lin.log_softmax_(half), half.float().log_softmax(dim=-1)) and torch.equal(half, kept)
+    grad = torch.randn(3, 7, requires_grad=True)  # autograd's tensors are never changed in place
+    assert torch.equal(lin.log_softmax_(grad), grad.log_softmax(dim=-1))

@@ -61,6 +61,9 @@ def test_int8_linear_is_the_float_product_within_its_rounding_and_each_row_is_it
         x_step = x.abs().amax(1, keepdim=True) / 127  # (rows, 1) one activation rounding step
         bound = 0.5 * (x.abs().sum(1, keepdim=True) * w_step + x_step * layer.weight.abs().sum(1)) + 0.25 * x_step * w_step * 64
         assert ((y - ref).abs() <= bound + 1e-5).all()
+        s = x.abs().amax(1, keepdim=True).div_(127)  # the same arithmetic with a converted copy (the layer converts in place)
+        acc = torch._int_mm(torch.div(x, s).round_().clamp_(-127, 127).to(torch.int8), q.weight_t)
+        assert torch.equal(y, acc.float().mul_(s).mul_(q.weight_scale).add_(q.bias))
         big = torch.cat([x[:2], 100 * torch.randn(30, 64), x[2:]])
         together = q(big)
         assert torch.equal(together[:2], y[:2]) and torch.equal(together[32:], y[2:])
