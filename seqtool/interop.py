@@ -28,6 +28,7 @@ only. transformers itself is needed only to write (export), never to read: impor
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -36,6 +37,7 @@ import torch
 from . import checkpoint
 from .config import ModelConfig, SearchOptions
 from .errors import InputError
+from .languages import CODE, Languages
 from .model import Transformer, sinusoidal_positions
 from .tokenizer import Tokenizer, pair_bytes
 
@@ -248,6 +250,22 @@ def read_tokenizer(directory: Path, c: ModelConfig) -> bytes:
     return pair_bytes(spm["source"], spm["target"], pieces, pad=c.pad_id, unk=specials["unk"], bos=c.bos_id, eos=c.eos_id)
 
 
+TAG = re.compile(r">>(.+)<<")  # OPUS-MT's target-language token, e.g. >>fra<<
+
+
+def target_tags(pieces: list[str], src_lang: str) -> Optional[Languages]:
+    """A multi-target OPUS-MT model's languages: vocab.json's >>lang<< entries (MarianTokenizer
+    reads one at a text's start) become the targets of --tgt-lang and the server's `target`, each
+    tag its own vocabulary id. The source is tokenizer_config.json's when it is a language code
+    (not one of the targets), else "mul" (ISO 639's "multiple languages"). None: no such entry."""
+    found = {m.group(1): i for i, p in enumerate(pieces) if (m := TAG.fullmatch(p)) and CODE.fullmatch(m.group(1))}
+    if not found:
+        return None
+    targets = sorted(found)
+    src = src_lang if CODE.fullmatch(src_lang or "") and src_lang not in found else "mul"
+    return Languages(tuple((src, t) for t in targets), first_tag=len(pieces), tag_ids=tuple(found[t] for t in targets))
+
+
 def import_marian(directory: Path, output: Path, src_lang: str = "", tgt_lang: str = "") -> dict[str, Any]:
     """The `seqtool import` command: DIRECTORY (transformers' Marian format) as a seqtool checkpoint
     at OUTPUT (written atomically). Returns the checkpoint."""
@@ -270,6 +288,9 @@ def import_marian(directory: Path, output: Path, src_lang: str = "", tgt_lang: s
         "decoding": decoding,
         "imported": {"format": "marian", "from": str(directory.resolve()), "transformers_version": config.get("transformers_version")},
     }
+    languages = target_tags(tokenizer.vocabulary(), configs["train"]["src_lang"])
+    if languages is not None:
+        configs["languages"] = languages.to_dict()
     model = Transformer(c)  # the weights must fit the model exactly: every name, every shape
     try:
         missing, unexpected = model.load_state_dict(weights, strict=False)

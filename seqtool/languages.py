@@ -87,6 +87,9 @@ class Languages:
     first_tag: int  # the id of the first target tag: the tokenizer's piece count
     shares: tuple[float, ...] = ()  # each pair's share of the training epochs
     temperature: float = 0.0
+    # an imported model's tags are its own vocabulary entries (OPUS-MT's >>fra<<), each target's id
+    # (in targets' order); empty: the ids after the pieces, first_tag + k
+    tag_ids: tuple[int, ...] = ()
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -104,7 +107,14 @@ class Languages:
         """The tag id of target language `tgt`; a one-line error naming `field` and the targets."""
         if tgt not in self.targets:
             raise InputError(f"{field} {tgt!r}: this model translates into {', '.join(self.targets)}")
-        return self.first_tag + self.targets.index(tgt)
+        k = self.targets.index(tgt)
+        return self.tag_ids[k] if self.tag_ids else self.first_tag + k
+
+    def tag_name(self, i: int) -> Optional[str]:
+        """The target language whose tag is id i (None: i is no tag)."""
+        if self.tag_ids:
+            return self.targets[self.tag_ids.index(i)] if i in self.tag_ids else None
+        return self.targets[i - self.first_tag] if self.first_tag <= i < self.first_tag + self.tags else None
 
     def targets_of(self, src: str) -> tuple[str, ...]:
         """What a source language translates into: every target (zero-shot pairs included) but itself."""
@@ -121,14 +131,15 @@ class Languages:
 
     def to_dict(self) -> dict:
         return {"pairs": [list(p) for p in self.pairs], "first_tag": self.first_tag, "shares": list(self.shares),
-                "temperature": self.temperature}
+                "temperature": self.temperature, **({"tag_ids": list(self.tag_ids)} if self.tag_ids else {})}
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> Optional["Languages"]:
         if not d:
             return None
         return cls(tuple((str(s), str(t)) for s, t in d["pairs"]), int(d["first_tag"]),
-                   tuple(float(x) for x in d.get("shares", ())), float(d.get("temperature", 0.0)))
+                   tuple(float(x) for x in d.get("shares", ())), float(d.get("temperature", 0.0)),
+                   tuple(int(i) for i in d.get("tag_ids", ())))
 
     def describe(self) -> str:
         """One line per pair with its training share, for `seqtool info`."""

@@ -112,10 +112,11 @@ class Tokenizer:
         return self._pieces[i] if self.pair else self.sp.id_to_piece(i)
 
     def vocabulary(self, languages: Optional[dict] = None) -> list[str]:
-        """Every id's piece; a multilingual model's target tags (its configs' "languages") as >>lang<< after them."""
+        """Every id's piece; a multilingual model's target tags (its configs' "languages") as >>lang<< after them
+        (an imported model's tags are among its pieces already)."""
         pieces = list(self._pieces) if self.pair else [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size())]
         langs = Languages.from_dict(languages)
-        return pieces + ([f">>{t}<<" for t in langs.targets] if langs is not None else [])
+        return pieces + ([f">>{t}<<" for t in langs.targets] if langs is not None and not langs.tag_ids else [])
 
     def special_pieces(self) -> dict[str, str]:
         return {name: self.id_to_piece(i) for name, i in (("pad", self.pad_id), ("unk", self.unk_id), ("bos", self.bos_id), ("eos", self.eos_id))}

@@ -153,9 +153,8 @@ class Translator:
 
     def piece(self, i: int) -> str:
         """The piece of id i, a target-language tag as >>lang<<."""
-        if self.languages is not None and i >= self.languages.first_tag:
-            return f">>{self.languages.targets[i - self.languages.first_tag]}<<"
-        return self.tokenizer.id_to_piece(i)
+        name = self.languages.tag_name(i) if self.languages is not None else None
+        return f">>{name}<<" if name is not None else self.tokenizer.id_to_piece(i)
 
     @property
     def word_pieces(self) -> WordPieces:

@@ -239,6 +239,81 @@ def test_seqtool_import_then_translate_with_seqtool_features(spms, tmp_path):
 
 
 @pytest.mark.system
+def test_an_imported_model_serves_keeps_terminology_and_draws_its_attention(spms, tmp_path):
+    """The rest of what a seqtool model does, on an imported one: terminology (hard constraints,
+    encoded by target.spm), `attention` (source pieces of source.spm, target pieces of target.spm)
+    and `serve` as a real process: LibreTranslate's /languages and /translate, and /v1/translate
+    with constraints giving what the Python API gives."""
+    import httpx
+    import sentencepiece as spm
+    from servers import Server
+
+    from seqtool.translate import Translator
+
+    d = marian_dir(spms, tmp_path / "opus-mt-es-en", seed=1)
+    seqtool("import", d, "--output", "model.pt", cwd=tmp_path)
+    lines = bible("test", "es", 6)
+    want = [["the Lord"], [], [["the house", "the houses"]], ["Jesus said"], [], ["and the"]]
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(w) + "\n" for w in want))
+    out = seqtool("translate", "-c", "model.pt", "--constraints", "c.jsonl", "--max-len-b", "25", "--precision", "fp32",
+                  cwd=tmp_path, stdin="\n".join(lines) + "\n").stdout.splitlines()
+    assert len(out) == 6
+    for text, phrases in zip(out, want):  # every constraint appears (one of the forms, for a list)
+        assert all(any(f in text for f in ([p] if isinstance(p, str) else p)) for p in phrases), (text, phrases)
+    picture = seqtool("attention", lines[0], "-c", "model.pt", "--target", "And the Lord said", "--terminal", "--device", "cpu",
+                      cwd=tmp_path).stdout
+    target_pieces = spm.SentencePieceProcessor(model_file=str(spms / "target.spm")).encode("And the Lord said", out_type=str)
+    source_pieces = spm.SentencePieceProcessor(model_file=str(spms / "source.spm")).encode(lines[0], out_type=str)
+    assert all(p in picture for p in target_pieces + source_pieces[:3]) and "encoder-decoder attention" in picture
+    server = Server(tmp_path / "model.pt")
+    try:
+        assert httpx.get(f"{server.url}/languages").json()[0] | {"name": None} == {"code": "es", "name": None, "targets": ["en"]}
+        t = Translator.load(tmp_path / "model.pt", device="cpu", precision="fp32", threads=2, max_len_b=8)
+        r = httpx.post(f"{server.url}/translate", json={"q": lines[:3], "source": "es", "target": "en"}, timeout=60)
+        assert r.status_code == 200 and r.json()["translatedText"] == t.translate(lines[:3])
+        r = httpx.post(f"{server.url}/v1/translate", json={"segments": lines, "constraints": want}, timeout=60)
+        assert r.status_code == 200 and [x["text"] for x in r.json()["translations"]] == t.translate(lines, constraints=want)
+    finally:
+        assert server.stop() is not None
+
+
+@pytest.mark.system
+def test_a_multi_target_opus_model_takes_its_target_from_tgt_lang(spms, tmp_path):
+    """OPUS-MT's multi-target models choose the output language by a >>lang<< token at the source's
+    start (vocabulary entries MarianTokenizer reads there): imported, they are --tgt-lang's targets,
+    and `--tgt-lang ita` translates as generate does on ">>ita<< " + the text."""
+    import shutil
+
+    from transformers import MarianMTModel, MarianTokenizer
+
+    tagged = tmp_path / "spm"
+    tagged.mkdir()
+    for name in ("source.spm", "target.spm"):
+        shutil.copy(spms / name, tagged / name)
+    pieces = list(json.loads((spms / "vocab.json").read_text()))
+    pieces = pieces[:2] + [">>fra<<", ">>ita<<", ">>por<<"] + pieces[2:]
+    (tagged / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}, ensure_ascii=False))
+    d = marian_dir(tagged, tmp_path / "opus-mt-es-ROMANCE", seed=2)
+    seqtool("import", d, "--output", "model.pt", cwd=tmp_path)
+    assert "es-fra, es-ita, es-por; target tags fra=2, ita=3, por=4" in seqtool("info", "model.pt", cwd=tmp_path).stdout
+    lines = bible("test", "es", 20)
+    missing = cli("translate", "-c", "model.pt", cwd=tmp_path)
+    assert missing.returncode == 1 and "fra, ita, por" in missing.stderr
+    theirs, tok = MarianMTModel.from_pretrained(d).eval(), MarianTokenizer.from_pretrained(d)
+    for lang in ("ita", "fra"):
+        out = seqtool("translate", "-c", "model.pt", "--tgt-lang", lang, "--beam", "1", "--max-len-a", "0", "--max-len-b", "20",
+                      "--loop-guard", "0", "--precision", "fp32", "--split-sentences", "never", cwd=tmp_path,
+                      stdin="\n".join(lines) + "\n").stdout.splitlines()
+        batch = tok([f">>{lang}<< {x}" for x in lines], return_tensors="pt", padding=True)
+        assert (batch.input_ids[:, 0] == pieces.index(f">>{lang}<<")).all()  # their tag: the source's first id
+        with torch.no_grad():
+            ids = theirs.generate(**batch, num_beams=1, max_new_tokens=21, min_new_tokens=1)
+        assert out == tok.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False, use_source_tokenizer=False)
+    wrong = cli("translate", "-c", "model.pt", "--tgt-lang", "deu", cwd=tmp_path)
+    assert wrong.returncode == 1 and "--tgt-lang 'deu': this model translates into fra, ita, por" in wrong.stderr
+
+
+@pytest.mark.system
 def test_a_trained_seqtool_model_exports_to_transformers_and_generates_as_seqtool_translates(tmp_path):
     """A post-norm model trained briefly on 3,000 bible lines, exported, loaded by MarianMTModel and
     AutoTokenizer: its greedy output equals `seqtool translate --beam 1` on >= 95 of 100 test lines."""
