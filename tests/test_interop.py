@@ -311,6 +311,13 @@ def test_a_multi_target_opus_model_takes_its_target_from_tgt_lang(spms, tmp_path
         assert out == tok.batch_decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False, use_source_tokenizer=False)
     wrong = cli("translate", "-c", "model.pt", "--tgt-lang", "deu", cwd=tmp_path)
     assert wrong.returncode == 1 and "--tgt-lang 'deu': this model translates into fra, ita, por" in wrong.stderr
+    seqtool("export", "model.pt", "again", "--format", "huggingface", cwd=tmp_path)  # and out again: the same vocabulary and model
+    assert json.loads((tmp_path / "again" / "vocab.json").read_text()) == json.loads((d / "vocab.json").read_text())
+    again, tok2 = MarianMTModel.from_pretrained(tmp_path / "again").eval(), MarianTokenizer.from_pretrained(tmp_path / "again")
+    with torch.no_grad():
+        ids2 = again.generate(**tok2([f">>fra<< {x}" for x in lines], return_tensors="pt", padding=True), num_beams=1,
+                              max_new_tokens=21, min_new_tokens=1)
+    assert tok2.batch_decode(ids2, skip_special_tokens=True, clean_up_tokenization_spaces=False, use_source_tokenizer=False) == out
 
 
 @pytest.mark.system
