@@ -145,6 +145,7 @@ def log_softmax_(x: Tensor) -> Tensor:
         return torch.log_softmax(x, dim=-1, out=x)
     return x.float().log_softmax(dim=-1)
 
+
 def linear_relu(x: Tensor, layer: nn.Module) -> Tensor:
     """relu(layer(x)); one fused kernel for an int8 layer, or a float32 one on CPU without autograd."""
     if not torch.is_grad_enabled() and x.device.type == "cpu":

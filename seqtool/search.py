@@ -237,11 +237,10 @@ def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
         start = best_blocks * block + torch.arange(0, R * V, V, device=x.device)[:, None]  # (R, k)
         where = (start[:, :, None] + torch.arange(block, device=x.device)).view(-1)  # (R*k*block,)
         cand = x.view(-1).index_select(0, where).view(R, k * block)  # (R, k*block)
+        cand = torch.cat([cand, x[:, nb * block :]], dim=1)  # and the ragged tail joins every row's candidates
     else:
         flat = best_blocks + torch.arange(0, R * nb, nb, device=x.device)[:, None]  # (R, k) block ids in (R*nb)
         cand = whole.reshape(R * nb, block).index_select(0, flat.view(-1)).view(R, k * block)  # (R, k*block)
-    if tail:  # the ragged tail joins every row's candidates
-        cand = torch.cat([cand, x[:, nb * block :]], dim=1)
     values, pick = cand.topk(k, dim=1)  # (R, k) best first
     col = best_blocks.gather(1, (pick // block).clamp_(max=k - 1)) * block + pick % block  # (R, k)
     if tail:
