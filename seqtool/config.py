@@ -270,9 +270,10 @@ class TrainConfig(_Validated):
     tgt_lang: str = setting("", option="--tgt")
     # several --corpus pairs: each pair's share of an epoch is its share of the lines to the power 1/T
     # (languages.temperature_shares; Arivazhagan et al., 2019); one pair ignores it. 1 by measurement
-    # (bench/multilingual.py, 2026-12-07: bible es-en + loc en-de, 20 minutes): mean test BLEU 13.13 at
-    # T=1 against 8.16 at the paper's T=5, whose over-sampled small pair starved the large one (en-de
-    # 19.90 -> 10.57) in a run of under two epochs. T=5 pays where many small pairs train for long.
+    # (bench/multilingual.py, 2026-12-07, bible es-en + loc en-de, 20 minutes; against two bilingual
+    # models of 10 minutes: T=1 -0.22 and -0.04 mean test BLEU, T=2 -2.04, the paper's T=5 -5.19): in
+    # a run of about two epochs every share taken from the large pair costs more than the small one
+    # wins. T=5 pays where many small pairs train for long.
     lang_temperature: float = setting(1.0, "Several --corpus pairs: each pair's share of an epoch is its share of the lines to the "
                                            "power 1/T (1: as the data is; large: every pair alike).", gt=0.0, le=1e6, option="--lang-temperature")
     # validation (validate.py): BLEU/chrF by decoding with translate's search, best.pt, early stopping

@@ -27,8 +27,8 @@ import sentencepiece as spm
 
 from .config import TokenizerConfig
 from .errors import InputError
-from .languages import Languages
 from .interrupts import die_with_parent
+from .languages import Languages
 from .textio import read_lines
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -152,15 +152,22 @@ class Tokenizer:
         return self.source_sp.encode(text, out_type=str)
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.decode_with_offsets(ids)[0] if self.pair else self.sp.decode(self._out(ids))
+        return self.decode_batch([ids])[0]
 
     def decode_batch(self, seqs: Sequence[Iterable[int]]) -> list[str]:
-        """decode() of each sequence, in one sentencepiece call (translate decodes a chunk at once)."""
+        """decode() of each sequence, in one sentencepiece call (translate decodes a chunk at once); a
+        pair's output holding a piece its target model lacks is written as its pieces' text."""
         if not seqs:
             return []
-        if self.pair:
-            return [self.decode(ids) for ids in seqs]
-        return self.sp.decode([self._out(ids) for ids in seqs])
+        outs = [self._out(ids) for ids in seqs]
+        if not self.pair:
+            return self.sp.decode(outs)
+        mapped = [self._to_target[np.asarray(o, dtype=np.int64)].tolist() for o in outs]  # -1: not the target model's
+        whole = [k for k, m in enumerate(mapped) if not m or min(m) >= 0]
+        texts = [self._as_text(o)[0] for o in outs] if len(whole) < len(outs) else [""] * len(outs)
+        for k, text in zip(whole, self.target_sp.decode([mapped[k] for k in whole])):
+            texts[k] = text
+        return texts
 
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """encode(text), and the [start, end) character range in `text` of each piece: sentencepiece's
@@ -209,7 +216,6 @@ class Tokenizer:
             else:
                 ranges.append((position, position))
         return text, ranges
-
 
     def _as_text(self, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
         """A pair's pieces written as their text ('▁' a space, unk as sentencepiece writes it), the text
