@@ -286,6 +286,7 @@ def translate(
     glossary_ignore_case: Annotated[bool, _option(TranslateConfig, "glossary_ignore_case")] = _default(TranslateConfig, "glossary_ignore_case"),
     split_sentences: Annotated[str, _option(TranslateConfig, "split_sentences")] = _default(TranslateConfig, "split_sentences"),
     format: Annotated[str, _option(TranslateConfig, "format")] = _default(TranslateConfig, "format"),
+    keep_attributes: Annotated[bool, _option(TranslateConfig, "keep_attributes")] = _default(TranslateConfig, "keep_attributes"),
     src_lang: Annotated[str, _option(TranslateConfig, "src_lang")] = _default(TranslateConfig, "src_lang"),
     tgt_lang: Annotated[str, _option(TranslateConfig, "tgt_lang")] = _default(TranslateConfig, "tgt_lang"),
 ):
@@ -302,6 +303,7 @@ def translate(
                          **{k: str(v) if v is not None else "" for k, v in (("target", target), ("target_prefix", target_prefix),
                                                                             ("constraints", constraints), ("glossary", glossary))},
                          glossary_ignore_case=glossary_ignore_case, split_sentences=split_sentences, format=format,
+                         keep_attributes=keep_attributes,
                          src_lang=src_lang, tgt_lang=tgt_lang)
     # several checkpoints: an ensemble; one stays a plain Path, as translate_file has always taken
     checkpoints = checkpoint[0] if len(checkpoint) == 1 else checkpoint

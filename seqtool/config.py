@@ -388,8 +388,10 @@ class TranslateConfig(_Validated):
     split_sentences: str = setting("auto", "auto: a line holding several sentences that is longer than the model's training "
                                            "lines is translated sentence by sentence and joined back with its own whitespace; "
                                            "always: every line so; never: lines whole.")
-    format: str = setting("text", "text: one segment per line; html or markdown: the input is one document, the output one "
-                                  "document (markup kept, text translated).")
+    format: str = setting("auto", "auto: html for .html/.htm/.xhtml files, markdown for .md/.markdown, text otherwise "
+                                  "(stdin: text); text: one segment per line; html or markdown: the input is one document, "
+                                  "the output one document (markup kept, text translated).")
+    keep_attributes: bool = setting(False, "html: leave the values of title, alt, placeholder and aria-label untranslated.")
     src_lang: str = setting("", "The input's language: checked against the model's, and for a multilingual model, with "
                                 "--tgt-lang, whether the pair was trained (a zero-shot pair is translated, with a warning).")
     tgt_lang: str = setting("", "The language to translate into: required for a model trained into several (it lists them).")
@@ -398,8 +400,9 @@ class TranslateConfig(_Validated):
         self._check(self.errors in ("strict", "replace"), f"`errors` must be strict or replace, got {self.errors!r}")
         self._check(self.split_sentences in ("auto", "always", "never"),
                     f"`split_sentences` must be auto, always or never, got {self.split_sentences!r}")
-        self._check(self.format in ("text", "html", "markdown"), f"`format` must be text, html or markdown, got {self.format!r}")
-        self._check(self.format == "text" or not (self.target_prefix or self.constraints or self.score_reference or self.print_scores
+        self._check(self.format.lower() in ("auto", "text", "html", "markdown"),
+                    f"`format` must be auto, text, html or markdown, got {self.format!r}")
+        self._check(self.format.lower() in ("auto", "text") or not (self.target_prefix or self.constraints or self.score_reference or self.print_scores
                                                   or self.print_alignment),
                     f"`format` {self.format} translates a document; `target_prefix`, `constraints`, `score_reference`, "
                     "`print_scores` and `print_alignment` are per line (format text)")
@@ -419,8 +422,8 @@ class TranslateConfig(_Validated):
         """The rules across this and the run's search options."""
         self._check(not ((self.constraints or self.glossary) and options.sampling is not None),
                     "`constraints` and `glossary` are kept by beam search; drop `sampling`")
-        self._check(self.split_sentences != "always" or options.nbest == 1,
-                    "`split_sentences` always joins each sentence's best translation; drop `nbest` (or split never/auto)")
+        self._check(self.format.lower() in ("auto", "text") or options.nbest == 1,
+                    f"`format` {self.format.lower()} translates a document into one document; drop `nbest`")
         if self.score_reference:
             self._check(options.sampling is None, "`score_reference` scores the given references; drop `sampling`")
             self._check(options.nbest == 1, "`score_reference` prints one line per input line; drop `nbest`")

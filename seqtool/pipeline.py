@@ -31,7 +31,7 @@ from . import log
 from .errors import ConfigError
 from .config import SearchOptions
 from .data import make_batches
-from .markup import Span, Unit
+from .documents.spans import Span, Unit
 from .search import Hypothesis
 
 NO_LIMIT = 2 ** 62  # make_batches' token budget when only --batch-size limits a batch
@@ -176,35 +176,90 @@ def clauses(translator, pieces: list[tuple[str, str]], limit: int) -> list[tuple
     return out
 
 
+@dataclass(frozen=True)
+class TextPolicy:
+    """What happens to text before and after the model: one decision for every front-end (the CLI's
+    best and n-best lines, the Python API, the server's /translate with or without alternatives and
+    /v1/translate, and every document).
+
+    - placeholders: URLs and e-mail addresses never reach the model; each is written back verbatim
+      where the alignment puts the words beside it, kept apart from the words around it;
+    - pass-through: text with no letter (numbers, dates, versions, `[22]`, punctuation) is written
+      back as it is, never translated (a model asked to translate "2024" invents a sentence);
+    - splitting: `split` (auto, always, never: unit_segments says when auto cuts);
+    - spacing: whatever is put back keeps the whitespace it had beside it (documents.spans).
+
+    Alternatives (n-best) go the same way: alternative k of a text is its sentences' k-th
+    hypotheses joined, its placeholders placed by each one's own alignment. Two cases keep text whole:
+    a target prefix or constraints (they belong to a whole line: split never, no pass-through), and
+    token alignments in the output (they describe the model's own tokens of the line: `as_is`, the
+    line given to the model exactly as it is)."""
+
+    split: str = "auto"
+    protect: bool = True
+    passthrough: bool = True
+
+    @classmethod
+    def choose(cls, split: str = "auto", alignments: bool = False, whole: bool = False) -> "TextPolicy":
+        """The policy for a request: alignments in the output -> as_is; prefixes or constraints (whole) -> unsplit."""
+        if alignments:
+            return AS_IS
+        if whole:
+            return cls("never", True, False)
+        return cls(split)
+
+
+AS_IS = TextPolicy("never", False, False)
+COPY = -1  # a Joint's slot for a piece written back as it is (no letter in it)
+
+
 @dataclass
 class Joint:
     """How one unit (a line, or a block of a document) goes back together from its segments: the
     unit (its text and its markup or placeholders as spans), its pieces (split_sentences': each
     sentence and the whitespace after it) and, per piece, the index of its segment (None for an
-    empty sentence)."""
+    empty sentence, COPY for one written back as it is)."""
     unit: Unit
     pieces: list[tuple[str, str]]
     segments: list[Optional[int]]
 
 
-def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], mode: str, lang: str = "",
-                  prefixes: Optional[Sequence[str]] = None, constraints: Optional[Sequence[list]] = None,
-                  blocks: bool = False) -> tuple[list[Segment], list[Joint]]:
-    """The segments of units (lines or document blocks), each unit whole or, by `mode` (auto, always,
-    never), cut into its sentences (documents.split_sentences): auto cuts a unit only when it is
-    longer than the model's training lines (split_limit) and holds several sentences, so a line like
-    the training data goes through exactly as whole. A unit's sentences (and a document's blocks) are keyed apart from every
-    whole line (negative keys from line, block and sentence), so sampling never draws a whole line's numbers for a
-    sentence. Prefixes and constraints belong to whole units: with them, units stay whole. blocks:
-    the units are a document's (the whitespace around an uncut one stays out of the model's sight)."""
-    from . import documents
+@dataclass
+class Plan:
+    """Units made into segments (`segments`, for `run`) and how each unit goes back together (`joints`)."""
+    segments: list[Segment]
+    joints: list[Joint]
 
-    if mode != "never" and not (prefixes is not None or constraints is not None) and not documents.splitter_available():
-        if mode == "always":
-            documents.split_sentences("x", lang)  # raises the one line saying what to install
-        _once("--split-sentences auto: no sentence splitter installed (pip install 'seqtool[documents]'); lines are translated whole")
-        mode = "never"
+
+def units_of(lines: Sequence[str], policy: TextPolicy) -> list[Unit]:
+    """Lines as units: their placeholders cut out where the policy says."""
+    from .documents.protect import protect
+
+    return [protect(line) if policy.protect else Unit(line, []) for line in lines]
+
+
+def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], policy: TextPolicy, lang: str = "",
+                  prefixes: Optional[Sequence[str]] = None, constraints: Optional[Sequence[list]] = None,
+                  glossary=None, blocks: bool = False) -> Plan:
+    """The segments of units (lines or document blocks), each unit whole or, by policy.split (auto,
+    always, never), cut into its sentences (documents.split_sentences): auto cuts a unit only when it
+    is longer than the model's training lines (split_limit) and holds several sentences, so a line
+    like the training data goes through exactly as whole. A piece with no letter is written back as
+    it is (policy.passthrough). A unit's sentences (and a document's blocks) are keyed apart from every
+    whole line (negative keys from line, block and sentence), so sampling never draws a whole line's
+    numbers for a sentence. Prefixes and constraints belong to whole units; glossary (terms.Glossary):
+    each segment's terms become its constraints. blocks: the units are a document's (the whitespace
+    around an uncut one stays out of the model's sight)."""
+    from .documents import sentences
+    from .documents.protect import letterless
+
+    mode = policy.split
     if prefixes is not None or constraints is not None:
+        mode = "never"
+    if mode != "never" and not sentences.splitter_available():
+        if mode == "always":
+            sentences.split_sentences("x", lang)  # raises the one line saying what to install
+        _once("--split-sentences auto: no sentence splitter installed (pip install 'seqtool[documents]'); lines are translated whole")
         mode = "never"
     limit = split_limit(translator)
     lengths = [len(ids) for ids in translator.tokenizer.encode_batch([u.text for u in units])] if mode == "auto" else []
@@ -215,9 +270,9 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
     chosen_constraints: list = []
     joints: list[Joint] = []
     for k, (unit, origin) in enumerate(zip(units, origins)):
-        cut = mode == "always" or (mode == "auto" and lengths[k] > limit and documents.looks_like_several_sentences(unit.text, lang))
+        cut = mode == "always" or (mode == "auto" and lengths[k] > limit and sentences.looks_like_several_sentences(unit.text, lang))
         # a line goes whole as it is; a document's block without the whitespace around it (kept in place)
-        pieces = documents.split_sentences(unit.text, lang, "always" if cut else "never") if cut or blocks else [(unit.text, "")]
+        pieces = sentences.split_sentences(unit.text, lang, "always" if cut else "never") if cut or blocks else [(unit.text, "")]
         if cut:
             pieces = clauses(translator, pieces, clause_limit(translator))
         whole = len(pieces) == 1 and not pieces[0][1]
@@ -226,76 +281,107 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
             if not sentence and not whole:
                 slots.append(None)
                 continue
+            if policy.passthrough and letterless(sentence):
+                slots.append(COPY)
+                continue
             slots.append(len(texts))
             texts.append(sentence)
             keys.append(origin.line if whole and not blocks else -(((origin.line << 20) + origin.block << 12) + j + 1))
             where.append(origin if whole else Origin(origin.line, origin.block, j, f"{origin.label}, sentence {j + 1}"))
             if prefixes is not None:
                 chosen_prefixes.append(prefixes[k])
-            if constraints is not None:
-                chosen_constraints.append(constraints[k])
+            if constraints is not None or glossary is not None:
+                chosen_constraints.append((list(constraints[k]) if constraints is not None else []) +
+                                          (glossary.match(sentence) if glossary is not None else []))
         joints.append(Joint(unit, pieces, slots))
     segments = encode(translator, texts, where, chosen_prefixes if prefixes is not None else None,
-                      chosen_constraints if constraints is not None else None, keys)
+                      chosen_constraints if constraints is not None or glossary is not None else None, keys)
     for j in joints:
         for i in j.segments:
-            if i is not None:
+            if i is not None and i >= 0:
                 segments[i].align = bool(j.unit.spans)
-    return segments, joints
+    return Plan(segments, joints)
 
 
-def assemble(translator, segments: Sequence[Segment], translations: Sequence[Translation],
-             joints: Sequence[Joint]) -> list[tuple[str, list[Span]]]:
-    """Each unit's translation and its spans placed on it: its sentences' best translations joined
-    with the unit's own whitespace; a unit with markup or placeholders gets them where the model's
-    alignments put the words they wrapped (markup.place_spans; `run` aligned the best hypotheses of
-    those units' segments: Segment.align)."""
-    from .documents import Aligned, join_aligned, place_spans
-    from .markup import space_voids
+def alternatives(plan: Plan, translations: Sequence[Translation]) -> int:
+    """How many alternatives the plan's units have: the most hypotheses any segment got (1 at least)."""
+    return max([len(t.hypotheses) for t in translations] + [1])
+
+
+def assemble(translator, plan: Plan, translations: Sequence[Translation], rank: int = 0) -> list[tuple[str, list[Span]]]:
+    """Each unit's translation (its alternative `rank`: each sentence's hypothesis of that rank, or its
+    last where it has fewer) and its spans placed on it: its sentences' translations joined with the
+    unit's own whitespace; a unit with markup or placeholders gets them where the model's alignments
+    put the words they wrapped (documents.place_spans; `run` aligned those units' segments:
+    Segment.align). Placement cannot fail, whatever the alignment."""
+    from .documents.placement import place_spans
+    from .documents.sentences import Aligned, join_aligned
 
     out = []
-    for j in joints:
-        best = [translations[i].texts[0] if i is not None and translations[i].texts else "" for i in j.segments]
+    for j in plan.joints:
+        if not any(i is not None and i >= 0 for i in j.segments):  # nothing given to the model: the unit as it is
+            out.append((j.unit.text, list(j.unit.spans)))
+            continue
         if not j.unit.spans:
-            out.append(("".join(t + ws for t, (_, ws) in zip(best, j.pieces)), []))
+            out.append(("".join(_text(translations, i, sentence, rank) + ws for i, (sentence, ws) in zip(j.segments, j.pieces)), []))
             continue
         parts: list[Optional[Aligned]] = []
         for i, (sentence, _) in zip(j.segments, j.pieces):
+            if i == COPY:
+                tokens = [m.span() for m in re.finditer(r"\S+", sentence)]
+                parts.append(Aligned(sentence, [(n, n) for n in range(len(tokens))], tokens, tokens))
+                continue
             if i is None or not translations[i].hypotheses:
                 parts.append(None if i is None else Aligned(""))
                 continue
-            target, target_tokens = translator.tokenizer.decode_with_offsets(translations[i].hypotheses[0].tokens)
-            source_tokens = translator.tokenizer.encode_with_offsets(sentence)[1][: len(segments[i].ids)]
-            pairs = translations[i].alignments[0] if translations[i].alignments else []
+            r = min(rank, len(translations[i].hypotheses) - 1)
+            target, target_tokens = translator.tokenizer.decode_with_offsets(translations[i].hypotheses[r].tokens)
+            source_tokens = translator.tokenizer.encode_with_offsets(sentence)[1][: len(plan.segments[i].ids)]
+            aligned = translations[i].alignments
+            pairs = aligned[r] if aligned and r < len(aligned) else []
             parts.append(Aligned(target, pairs, source_tokens, target_tokens))
         whole = join_aligned(j.pieces, parts)
-        placed = place_spans(j.unit, whole.target, whole.alignment, whole.source_tokens, whole.target_tokens)
-        low, high = len(whole.target) - len(whole.target.lstrip()), len(whole.target.rstrip())
-        inside = [replace(span, start=min(max(span.start, low), high), end=min(max(span.end, low), high)) for span in placed]
-        out.append(space_voids(j.unit, whole.target, inside))  # (markup stays off the block's outer whitespace)
+        out.append((whole.target, place_spans(j.unit, whole.target, whole.alignment, whole.source_tokens, whole.target_tokens)))
     return out
 
 
-def lines_translated(translator, lines_in: Sequence[str], segments: Sequence[Segment], translations: Sequence[Translation],
-                     joints: Sequence[Joint], origins: Sequence[Origin]) -> list[Translation]:
-    """One Translation per line (units of format text): a whole line without placeholders passes
-    through as its segment's (n-best, alignments and all); any other is its assembled text (the
-    sentences joined, the placeholders back) with the length-weighted mean score of its sentences."""
-    from .documents import render_unit
+def _text(translations: Sequence[Translation], i: Optional[int], sentence: str, rank: int) -> str:
+    """A piece's translation of this rank (COPY: the sentence itself)."""
+    if i == COPY:
+        return sentence
+    if i is None or not translations[i].texts:
+        return ""
+    texts = translations[i].texts
+    return texts[min(rank, len(texts) - 1)]
 
-    texts = assemble(translator, segments, translations, [j for j in joints])
+
+def lines_translated(translator, lines_in: Sequence[str], plan: Plan, translations: Sequence[Translation],
+                     origins: Sequence[Origin]) -> list[Translation]:
+    """One Translation per line (units of lines): a whole line given to the model as it is passes
+    through as its segment's (n-best, alignments and all); any other has, per alternative, its
+    assembled text (the sentences joined, the placeholders back, letterless pieces as they were)
+    and the length-weighted mean score of its sentences."""
+    from .documents.spans import render_unit
+
+    ranks = alternatives(plan, translations)
+    placed = [assemble(translator, plan, translations, rank) for rank in range(ranks)]
     out = []
-    for line, joint, origin, (target, spans) in zip(lines_in, joints, origins, texts):
-        mine = [translations[i] for i in joint.segments if i is not None]
-        if len(joint.pieces) == 1 and not joint.pieces[0][1] and not joint.unit.spans:
+    for u, (line, joint, origin) in enumerate(zip(lines_in, plan.joints, origins)):
+        mine = [translations[i] for i in joint.segments if i is not None and i >= 0]
+        if len(joint.pieces) == 1 and not joint.pieces[0][1] and not joint.unit.spans and joint.segments[0] not in (None, COPY):
             out.append(mine[0])
             continue
-        best = [t.hypotheses[0] for t in mine if t.hypotheses]
-        weight = sum(len(h.tokens) + 1 for h in best)
-        score = sum(h.score * (len(h.tokens) + 1) for h in best) / weight if weight else 0.0
-        text = render_unit(target, spans)
-        hyps = [Hypothesis([tok for h in best for tok in h.tokens], score)] if best else []
-        out.append(Translation(origin.line, line, hyps, [text] if hyps or text.strip() else [], None, origin))
+        hyps, texts = [], []
+        for rank in range(ranks if mine else 1):
+            best = [t.hypotheses[min(rank, len(t.hypotheses) - 1)] for t in mine if t.hypotheses]
+            weight = sum(len(h.tokens) + 1 for h in best)
+            score = sum(h.score * (len(h.tokens) + 1) for h in best) / weight if weight else 0.0
+            target, spans = placed[rank][u]
+            hyps.append(Hypothesis([tok for h in best for tok in h.tokens], score))
+            texts.append(render_unit(target, spans))
+        if not line.strip():
+            hyps, texts = [], []
+        out.append(Translation(origin.line, line, hyps, texts, None, origin))
     return out
 
 

@@ -254,34 +254,54 @@ class Translator:
         segments = pipeline.encode(self, lines, pipeline.lines(start, lines, "input line"), prefixes, constraints)
         return pipeline.run(self, segments, options or self.options)
 
-    def translate_lines(self, start: int, lines: list[str], options: Optional[SearchOptions] = None, split: str = "auto",
-                        prefixes: Optional[list[str]] = None, constraints: Optional[list[list]] = None) -> list[Translation]:
-        """translate_chunk as `seqtool translate` does it: URLs and e-mail addresses in a line are
-        kept out of the model's sight and put back where its alignments say, and a line is cut into
-        sentences by `split` (auto, always, never: pipeline.unit_segments); "as-is": neither (each
-        line's n-best and alignments are then its own)."""
-        if split == "as-is" or prefixes is not None or constraints is not None:
+    def translate_lines(self, start: int, lines: list[str], options: Optional[SearchOptions] = None,
+                        policy: Optional[pipeline.TextPolicy] = None, prefixes: Optional[list[str]] = None,
+                        constraints: Optional[list[list]] = None, glossary=None) -> list[Translation]:
+        """Lines numbered start, start+1, ... translated under the one text policy (pipeline.TextPolicy:
+        placeholders, letterless pass-through, sentences; default: the policy for these options and
+        inputs), one Translation per line with every alternative asked for. prefixes: each line's
+        target prefix ("" none); constraints: each line's phrases (terms.py items); glossary
+        (terms.Glossary): each line's terms become constraints."""
+        options = options or self.options
+        if policy is None:
+            policy = pipeline.TextPolicy.choose(alignments=self.config.alignments,
+                                                whole=prefixes is not None or constraints is not None or glossary is not None)
+        if policy == pipeline.AS_IS and glossary is None:
             return self.translate_chunk(start, lines, options, prefixes, constraints)
-        from .documents import protect
-
         origins = pipeline.lines(start, lines, "input line")
-        segments, joints = pipeline.unit_segments(self, [protect(line) for line in lines], origins, split, self.source_lang)
-        translations = pipeline.run(self, segments, options or self.options)
-        return pipeline.lines_translated(self, lines, segments, translations, joints, origins)
+        plan = pipeline.unit_segments(self, pipeline.units_of(lines, policy), origins, policy, self.source_lang, prefixes,
+                                      constraints, glossary)
+        translations = pipeline.run(self, plan.segments, options)
+        return pipeline.lines_translated(self, lines, plan, translations, origins)
 
     def translate_document(self, doc: str, format: str = "html", options: Optional[SearchOptions] = None,
-                           split: str = "auto") -> str:
+                           split: str = "auto", glossary=None, attributes: bool = True, name: str = "") -> str:
         """A whole document (format "text", "html" or "markdown": documents.parse) translated: its text
-        units (paragraphs, headings, list items, cells, ...) cut into sentences by `split`, all
-        searched together, their inline markup and placeholders put back on the translated words by
-        the model's alignments; every other byte of the document kept."""
-        from .documents import parse
+        units (paragraphs, headings, list items, cells, readable attribute values, ...) cut into
+        sentences by `split`, all searched together under the one text policy, their inline markup and
+        placeholders put back on the translated words by the model's alignments, `<html lang>` set to
+        the target language; every other byte of the document kept. glossary (terms.Glossary): each
+        sentence's terms become its constraints. attributes: translate title, alt, ... (html)."""
+        from .documents.formats import parse
 
-        document = parse(doc, format)
-        origins = [Origin(0, k, 0, f"{format} block {k + 1}") for k in range(len(document.units))]
-        segments, joints = pipeline.unit_segments(self, document.units, origins, split, self.source_lang, blocks=True)
-        translations = pipeline.run(self, segments, options or self.options)
-        return document.render(pipeline.assemble(self, segments, translations, joints))
+        options = options or self.options
+        if options.nbest > 1:
+            raise ConfigError(f"a {format} document is translated into one document; drop nbest ({options.nbest})")
+        document = parse(doc, format, attributes)
+        for note in document.notes:
+            log.warn(f"{name or format + ' document'}: {note}")
+        origins = [Origin(0, k, 0, f"{name or format} block {k + 1}") for k in range(len(document.units))]
+        policy = pipeline.TextPolicy(split)
+        plan = pipeline.unit_segments(self, document.units, origins, policy, self.source_lang, glossary=glossary, blocks=True)
+        translations = pipeline.run(self, plan.segments, options)
+        return document.render(pipeline.assemble(self, plan, translations), self.target_lang or None)
+
+    @property
+    def target_lang(self) -> str:
+        """The language translated into: the one chosen (a multilingual model), else the model's ("" when unknown)."""
+        if self.tag is not None and self.languages is not None:
+            return self.languages.tag_name(self.tag) or ""
+        return (self.configs.get("train") or {}).get("tgt_lang") or ""
 
     def constraint_ids(self, items: list) -> list[list[list[int]]]:
         """A line's constraint items as groups of alternative token sequences. Each phrase gives the
@@ -391,7 +411,7 @@ class Translator:
             return [parse_items(list(c), f"constraints of line {start + k + 1}") for k, c in enumerate(got)]
 
         def run(start: int, chunk: list[str]) -> list[Translation]:
-            return self.translate_chunk(start, chunk, options, take("target_prefix", start, len(chunk)),
+            return self.translate_lines(start, chunk, options, None, take("target_prefix", start, len(chunk)),
                                         take("constraints", start, len(chunk)))
 
         chunk: list[str] = []
@@ -442,14 +462,19 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
     """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines.
 
     checkpoint_path: one checkpoint, or several for an ensemble. config: how the process decodes;
-    options: the search; io: the files read with the input and the output's format. With
-    io.score_reference, the lines of io.target are scored instead (reference_score.py)."""
+    options: the search; io: the files read with the input and the output's format (auto: chosen
+    from --input's name). With io.score_reference, the lines of io.target are scored instead
+    (reference_score.py). A document (html, markdown) is read whole, as bytes, and written back in
+    its own encoding, BOM and line ends."""
+    from .documents.formats import choose_format
+
+    io = io.replace(format=choose_format(io.format, str(input_path) if input_path is not None else None))
     io.check(options)
     # the inputs first: a missing file or a closed stdin is reported before the model loads
     if input_path is not None:
         stream, name = open_binary(input_path), str(input_path)
     else:
-        stream, name = open_stdin(unbuffered=True), "<stdin>"  # read by LineReader's thread
+        stream, name = open_stdin(unbuffered=io.format == "text"), "<stdin>"  # (lines: read by LineReader's thread)
     paired = [(Path(f), o) for f, o in ((io.target, "--score-reference"), (io.target_prefix, "--target-prefix"),
                                         (io.constraints, "--constraints")) if f]
     for second, option in paired:  # files read line for line with the input
@@ -469,23 +494,21 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
     with Translator.load(checkpoint_path, config, options, src_lang=io.src_lang, tgt_lang=io.tgt_lang,
                          need_target=True) as translator:  # (stops --workers processes at the end)
         output = output or sys.stdout
-        reader = LineReader(stream, name, errors=io.errors)
         if io.format != "text":  # one document in, one out
-            doc = "".join(line + "\n" for chunk in reader.chunks(config.chunk_lines) for line in chunk)
-            output.write(translator.translate_document(doc, io.format, options, io.split_sentences))
-            output.flush()
-            return doc.count("\n")
+            return _translate_document(translator, stream, name, io, options, glossary, output)
+        reader = LineReader(stream, name, errors=io.errors)
         if io.score_reference:
             from .reference_score import score_stream
 
             return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(io.target), output, io.errors)
         count = 0
-        # lines whole, as they are, where a line's output is more than its best translation (n-best, alignments)
-        mode = "never" if io.split_sentences == "auto" and (options.nbest > 1 or io.print_alignment) else io.split_sentences
-        mode = "as-is" if mode == "never" and (options.nbest > 1 or io.print_alignment) else mode
+        policy = pipeline.TextPolicy.choose(io.split_sentences, alignments=io.print_alignment,
+                                            whole=bool(io.target_prefix or io.constraints or io.glossary))
         prefixes = LockstepLines(Path(io.target_prefix), name, "--target-prefix", "one line per input line (an empty line: no prefix)", io.errors) if io.target_prefix else None
         wanted = LockstepLines(Path(io.constraints), name, "--constraints", "one JSON list per input line (an empty line: none)", io.errors) if io.constraints else None
         for chunk in reader.chunks(config.chunk_lines):
+            if count == 0 and input_path is None:
+                _say_if_html(chunk)
             constraints = None
             if wanted or glossary:
                 from .terms import parse_constraints_line
@@ -493,7 +516,7 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
                 given = wanted.take(count, len(chunk)) if wanted else [""] * len(chunk)
                 constraints = [parse_constraints_line(c, f"{io.constraints}:{count + k + 1}") + (glossary.match(line) if glossary else [])
                                for k, (c, line) in enumerate(zip(given, chunk))]
-            for t in translator.translate_lines(count, chunk, options, mode, prefixes.take(count, len(chunk)) if prefixes else None,
+            for t in translator.translate_lines(count, chunk, options, policy, prefixes.take(count, len(chunk)) if prefixes else None,
                                                 constraints):
                 output.write(format_translation(t, io, options.nbest))
             output.flush()
@@ -502,3 +525,32 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
             if lockstep:
                 lockstep.finish(count)
         return count
+
+
+def _say_if_html(chunk: list[str]) -> None:
+    from .documents.formats import looks_like_html
+
+    if looks_like_html("\n".join(chunk)):
+        log.warn("<stdin> looks like HTML and is read as lines of text; --format html translates it as a document")
+
+
+def _translate_document(translator: Translator, stream, name: str, io: TranslateConfig, options: SearchOptions,
+                        glossary, output: TextIO) -> int:
+    """One document from stream to output, in its own encoding; returns its lines."""
+    from .documents.formats import read_document
+
+    data = stream.read()
+    if name != "<stdin>":
+        stream.close()
+    doc, encoding = read_document(data, io.format, name, io.errors)
+    out = translator.translate_document(doc, io.format, options, io.split_sentences, glossary,
+                                        attributes=not io.keep_attributes, name=name)
+    output.flush()
+    target = getattr(output, "buffer", None)
+    if target is not None:
+        target.write(encoding.encode(out))
+        target.flush()
+    else:  # a text stream with no bytes underneath (a test's StringIO)
+        output.write(out)
+        output.flush()
+    return doc.count("\n") + (1 if doc and not doc.endswith("\n") else 0)

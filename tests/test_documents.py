@@ -9,11 +9,12 @@ from html.parser import HTMLParser
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from seqtool import documents, markup
+from seqtool import documents
+from seqtool.documents import markdown as markdown_reader, sentences
 from seqtool.documents import (Aligned, join_aligned, looks_like_several_sentences, parse, parse_html, parse_markdown,
                                parse_text, place_spans, protect, render_unit, span_words, split_sentences)
 from seqtool.errors import ConfigError
-from seqtool.markup import Span, Unit, placeholders
+from seqtool.documents import Span, Unit, placeholders
 
 pytestmark = pytest.mark.system
 
@@ -23,6 +24,17 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 def texts(pieces, max_size: int):
     """Strings made of these pieces (characters or longer)."""
     return st.lists(st.sampled_from(pieces), max_size=max_size).map("".join)
+
+
+def spaces_added(got: str, target: str) -> bool:
+    """Whether got is target with spaces put in (placement keeps markup apart from words: nothing else changes)."""
+    k = 0
+    for char in got:
+        if k < len(target) and char == target[k]:
+            k += 1
+        elif char != " ":
+            return False
+    return k == len(target)
 
 
 def words(text: str) -> list[tuple[int, int]]:
@@ -107,14 +119,14 @@ def test_split_modes_and_their_errors(monkeypatch):
     with pytest.raises(ConfigError, match="auto, always, never"):
         split_sentences("x", "en", "sometimes")
     monkeypatch.setitem(sys.modules, "sentence_splitter", None)  # as if it were not installed
-    documents._splitter.cache_clear()
+    sentences._splitter.cache_clear()
     try:
         assert not documents.splitter_available()
         assert split_sentences("A b. C d.", "en", "auto") == [("A b. C d.", "")]  # auto never fails
         with pytest.raises(ConfigError, match=r"pip install 'seqtool\[documents\]'"):
             split_sentences("A b. C d.", "en", "always")
     finally:
-        documents._splitter.cache_clear()
+        sentences._splitter.cache_clear()
 
 
 def test_looks_like_several_sentences():
@@ -150,7 +162,8 @@ def test_join_aligned_counts_offsets_and_indices_on():
     ("write to ana.b+tag@mail.example.co.uk!", ["ana.b+tag@mail.example.co.uk"]),
     ("mailto:x@y.com and ftp://files.example.net/a.tar.gz;", ["mailto:x@y.com", "ftp://files.example.net/a.tar.gz"]),
     ("https://example.com/path/…", ["https://example.com/path/"]),
-    ("no: e.g. v1.2.3, a@b, user@localhost, http:// nothing, Mr.Smith", []),
+    ("no: e.g. v1.2.3, a@b, @handle, http:// nothing, Mr.Smith", []),
+    ("jose@localhost, usuario@dominio. \"john doe\"@example.com", ["jose@localhost", "usuario@dominio", '"john doe"@example.com']),
 ])
 def test_placeholders(text, found):
     assert [text[a:b] for a, b in placeholders(text)] == found
@@ -202,8 +215,8 @@ def test_place_spans_without_alignment_uses_neighbours_then_the_ends():
     # 'town' unaligned: it wraps what its neighbour 'to' became
     spans = place_spans(unit, target, [(1, 1), (3, 4)], words(unit.text), words(target))
     assert render_unit(target, spans) == "<br>ve <b>a</b> la ciudad ya<img>"
-    spans = place_spans(unit, target, [], words(unit.text), words(target))  # nothing aligned
-    assert render_unit(target, spans) == "<br>ve a la ciudad ya<b></b><img>"
+    spans = place_spans(unit, target, [], words(unit.text), words(target))  # nothing aligned: a span with words gets one
+    assert render_unit(target, spans) == "<br>ve a la ciudad <b>ya</b><img>"
 
 
 def test_void_spans_go_beside_the_translation_of_the_word_they_touch():
@@ -226,12 +239,10 @@ def test_place_spans_repairs_nesting():
     assert render_unit("x", spans) == "<b>x</b><i></i>"
 
 
-def test_place_spans_and_render_refuse_bad_input():
+def test_place_spans_cannot_fail_and_render_refuses_bad_spans():
     unit = Unit("a b", [Span(0, 1, "<b>", "</b>")])
-    with pytest.raises(ValueError, match="alignment pair"):
-        place_spans(unit, "x", [(0, 5)], words("a b"), words("x"))
-    with pytest.raises(ValueError, match="outside"):
-        place_spans(unit, "x", [], [(0, 9)], words("x"))
+    for alignment, src_tokens in (([(0, 5), (-1, 0), (7, 7)], words("a b")), ([], [(0, 9), (-3, 1)])):
+        assert render_unit("x", place_spans(unit, "x", alignment, src_tokens, words("x"))) == "<b>x</b>"
     with pytest.raises(ValueError, match="overlap"):
         render_unit("abc", [Span(0, 2, "<b>", "</b>"), Span(1, 3, "<i>", "</i>")])
     with pytest.raises(ValueError, match="not inside its parent"):
@@ -275,8 +286,12 @@ def test_placed_spans_are_always_valid_and_nested(case):
     spans = place_spans(unit, target, pairs, words(unit.text), words(target))
     assert [(s.open, s.close, s.parent) for s in spans] == [(s.open, s.close, s.parent) for s in unit.spans]
     html = render_unit(target, spans)  # raises on any invalid span
-    assert re.sub(r"</?b>|<br>", "", html) == target
+    assert spaces_added(re.sub(r"</?b>|<br>", "", html), target)
     assert well_formed(html)
+    kids = [[k for k, s in enumerate(unit.spans) if s.parent == p] for p in range(-1, len(unit.spans))]
+    for group in kids:  # siblings keep their order of the source (the tag stream is the source's)
+        source_order = sorted(group, key=lambda k: (unit.spans[k].start, k))
+        assert [spans[k].start for k in source_order] == sorted(spans[k].start for k in group)
     for span in spans:  # never inside a word
         assert span.start in (0, len(target)) or not (target[span.start - 1].isalnum() and target[span.start].isalnum())
 
@@ -288,7 +303,7 @@ def test_placed_spans_are_always_valid_and_nested(case):
 def test_plain_text_units_are_lines_with_text():
     doc = parse_text("First line http://x.com\r\n\n   \nSecond\tline\nlast")
     assert [u.text for u in doc.units] == ["First line ", "Second\tline", "last"]
-    assert doc.units[0].spans == [Span(11, 11, "http://x.com")]
+    assert doc.units[0].spans == [Span(11, 11, "http://x.com", kind="placeholder")]
     out = doc.render([("Primera línea ", [Span(14, 14, "http://x.com")]), ("Segunda\nlínea", []), ("última", [])])
     assert out == "Primera línea http://x.com\r\n\n   \nSegunda línea\núltima"
 
@@ -335,25 +350,25 @@ now.<br>Contact: me@example.com &nbsp;&copy; 2024</p>
 def test_html_units_spans_and_what_stays_verbatim():
     doc = parse_html(PAGE)
     texts = [u.text for u in doc.units]
-    assert texts == ["Tom & Jerry", "Hello there", "Read the full guide,\nnow. Contact:  \xa0© 2024", "One", "Two  three",
-                     "Run  or  or .", "Name", "Value <5>"]
-    intro = doc.units[2]
+    assert texts == ["Tom & Jerry", "Hello there", 'A "t"', "Read the full guide,\nnow. Contact:  \xa0© 2024", "One", "an image",
+                     "Two  three", "Run  or  or .", "Name", "Value <5>"]  # (an attribute's value comes before its block)
+    intro = doc.units[3]
     assert [(s.open, s.close) for s in intro.spans] == [
         ('<a href="https://example.com/?a=1&amp;b=2" title="A &quot;t&quot;">', "</a>"), ("<b>", "</b>"),
         ("<br>", ""), ("me@example.com", "")]
     assert [span_words(intro, s) for s in intro.spans[:2]] == ["the full guide", "full"]
     assert intro.spans[1].parent == 0 and intro.spans[2].replaces_space
-    run = doc.units[5]
+    run = doc.units[7]
     assert [s.open for s in run.spans] == ["<code>pip install x</code>", '<span translate="no">BrandName</span>',
                                            '<i class="notranslate">Other</i>']
     assert not any("Not this" in t or "keep" in t or "color" in t or "document" in t for t in texts)
 
 
-def test_html_identity_is_exact_up_to_entities():
+def test_html_identity_is_exact():
     doc = parse_html(PAGE)
-    out = doc.render(doc.identity())
-    assert out == PAGE.replace("&copy;", "©")  # text references other than &amp; &lt; &gt; &nbsp; come back as characters
-    assert doc.render(identity_by_alignment(doc)) == out
+    assert doc.render(doc.identity()) == PAGE  # a unit given back as it was is written as it was, references and all
+    assert doc.render(identity_by_alignment(doc)) == PAGE
+    assert doc.render(doc.identity(), lang="es").startswith('<!DOCTYPE html>\n<html lang="es">')
 
 
 def test_html_translation_keeps_every_tag_and_attribute():
@@ -487,7 +502,8 @@ def test_markdown_units_and_spans():
     assert texts[1].startswith("Install with  and read the full guide.")
     assert "Quoted strong text on two lines." in texts
     assert "Other \\| pipe" in texts and "Setext heading" in texts and "Cell text" in texts
-    assert not any("print" in t or "indented" in t or "Raw HTML" in t or "title" in t for t in texts)
+    assert not any("print" in t or "indented" in t or "title" in t for t in texts)
+    assert "Raw HTML block." in [t.strip() for t in texts]  # an HTML block is read as HTML
     guide = doc.units[1]
     opens = [(s.open, s.close) for s in guide.spans]
     assert ("`pip install x`", "") in opens and ("[", '](https://example.com/guide "The guide")') in opens
@@ -509,7 +525,7 @@ def test_markdown_translation_replaces_only_text():
     doc = parse_markdown(MARKDOWN)
     out = doc.render([(u.text.upper(), u.spans) for u in doc.units])  # same lengths: the spans stay
     for kept in ('title: "Not *translated*"', '```python\nprint("code block, *not* translated")\n```', "    indented code block",
-                 '<div class="html-block">\nRaw HTML block.\n</div>', "[ref]: https://example.com/ref", "`pip install x`",
+                 '<div class="html-block">\nRAW HTML BLOCK.\n</div>', "[ref]: https://example.com/ref", "`pip install x`",
                  '](https://example.com/guide "The guide")', "  \nA HARD BREAK", "> ON TWO LINES."):
         assert kept in out
     assert "# GETTING *STARTED* #" in out and "| CELL TEXT |" in out
@@ -575,12 +591,12 @@ def test_documents_loads_no_model_code():
 
 def test_markdown_needs_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "markdown_it", None)  # as if it were not installed
-    markup._markdown_parser.cache_clear()
+    markdown_reader._markdown_parser.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"pip install 'seqtool\[documents\]'"):
             parse_markdown("# x")
     finally:
-        markup._markdown_parser.cache_clear()
+        markdown_reader._markdown_parser.cache_clear()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,12 +618,16 @@ class _Tags(HTMLParser):
         self.seen.append(f"</{tag}>")
 
 
+READABLE = re.compile(r"""(\s(?:title|alt|placeholder|aria-label|lang)\s*=\s*)("[^"]*"|'[^']*'|[^\s>]*)""", re.IGNORECASE)
+
+
 def tags(text: str) -> list[str]:
-    """Every start tag (as written, attributes and all) and end tag, in order."""
+    """Every start tag (as written, attributes and all, but the values of those translated: title, alt, ...,
+    and lang) and end tag, in order."""
     parser = _Tags()
     parser.feed(text)
     parser.close()
-    return parser.seen
+    return [READABLE.sub(r"\1*", tag) for tag in parser.seen]
 
 
 def well_formed(text: str) -> bool:

@@ -169,30 +169,20 @@ class Service:
         tag = target_tag(t, body.source, body.target)
         prepare.check_size(self.config, texts)
         options = prepare.options(t.options, self.config, {"nbest": body.alternatives + 1}, request="libre")
-        if body.format == "html" or not body.alternatives:  # documents: lines, sentences, markup and placeholders kept
-            translated = await self.documents(request, texts, body.format, options, name, tag=tag)
-            out = {"translatedText": translated[0] if isinstance(body.q, str) else translated}
-            if detected is not None:
-                out["detectedLanguage"] = detected[0] if isinstance(body.q, str) else detected
-            if body.alternatives:
-                out["alternatives"] = [] if isinstance(body.q, str) else [[] for _ in texts]
-            return out
-        segments = tagged(await asyncio.to_thread(prepare.segments, t, name, texts), tag)
-        results = await self.translate(request, segments, len(texts), options, name)
-        best = [r[1][0] if r[1] else "" for r in results]
-        out: dict[str, Any] = {"translatedText": best[0] if isinstance(body.q, str) else best}
+        alternatives = await self.documents(request, texts, body.format, options, name, tag=tag)  # lines, sentences, markup kept
+        out: dict[str, Any] = {"translatedText": [a[0] for a in alternatives] if not isinstance(body.q, str) else alternatives[0][0]}
         if detected is not None:
             out["detectedLanguage"] = detected[0] if isinstance(body.q, str) else detected
         if body.alternatives:
-            alts = [list(r[1][1:]) for r in results]
-            out["alternatives"] = alts[0] if isinstance(body.q, str) else alts
+            out["alternatives"] = alternatives[0][1:] if isinstance(body.q, str) else [a[1:] for a in alternatives]
         return out
 
     async def documents(self, request, texts: list[str], format: str, options: SearchOptions, name: str,
-                        split: str = "auto", tag: Optional[int] = None) -> list[str]:
-        """Texts translated as documents (prepare.documents), their segments queued as one request."""
+                        split: str = "auto", tag: Optional[int] = None, glossary: Optional[dict] = None) -> list[list[str]]:
+        """Texts translated as documents (prepare.documents), their segments queued as one request:
+        per text, its alternatives (best first; as many as options.nbest asks, where the text has any)."""
         t = self.translator
-        docs = await asyncio.to_thread(prepare.documents, t, name, texts, format, split)
+        docs = await asyncio.to_thread(prepare.documents, t, name, texts, format, split, glossary)
         tagged(docs.segments, tag)
         queued = [k for k, s in enumerate(docs.segments) if s.ids]
         results = await self.translate(request, [docs.segments[k] for k in queued], len(docs.segments), options, name, queued)
@@ -211,7 +201,7 @@ class Service:
                 raise BadRequest(422, f"{what}: {len(given)} {'prefixes' if what == 'target_prefix' else 'lists'} for "
                                       f"{len(body.segments)} segments; give one per segment")
         if body.format != "text":
-            extras = [k for k in ("target_prefix", "constraints", "glossary") if getattr(body, k)] + \
+            extras = [k for k in ("target_prefix", "constraints") if getattr(body, k)] + \
                 [k for k in ("scores", "alignment") if getattr(body, k)] + (["nbest"] if (body.nbest or 1) > 1 else [])
             if extras:
                 raise BadRequest(422, f"format {body.format}: a segment is a document; {', '.join(extras)} belong to format text")
@@ -219,11 +209,14 @@ class Service:
         options = prepare.options(t.options, self.config, asked, body.sampling.model_dump() if body.sampling is not None else None,
                                   constrained=body.constraints is not None or bool(body.glossary))
         if body.format != "text":
-            return {"translations": [{"text": text} for text in await self.documents(request, body.segments, body.format, options, name, tag=tag)]}
-        segments = tagged(await asyncio.to_thread(prepare.segments, t, name, body.segments, body.target_prefix, body.constraints,
-                                                  body.glossary, self.config.max_constraints), tag)
-        results = await self.translate(request, segments, len(body.segments), options, name)
-        return native_answer(results, body, options.nbest)
+            docs = await self.documents(request, body.segments, body.format, options, name, tag=tag, glossary=body.glossary)
+            return {"translations": [{"text": alternatives[0]} for alternatives in docs]}
+        lines = await asyncio.to_thread(prepare.lines, t, name, body.segments, body.target_prefix, body.constraints,
+                                        body.glossary, self.config.max_constraints, body.alignment)
+        segments = tagged(lines.plan.segments, tag)
+        queued = [k for k, s in enumerate(segments) if s.ids]
+        results = await self.translate(request, [segments[k] for k in queued], len(segments), options, name, queued)
+        return native_answer(await asyncio.to_thread(prepare.lines_answer, t, lines, results), body, options.nbest)
 
     def health(self) -> tuple[dict, int]:
         if self.batcher is None:
@@ -285,10 +278,12 @@ def tagged(segments: list, tag: Optional[int]) -> list:
 
 
 def native_answer(results: list, body: TranslateIn, nbest: int) -> dict:
+    """/v1/translate's answer from one pipeline.Translation per segment."""
     from ..alignment import format_alignment
 
     translations = []
-    for hyps, texts, aligned in results:
+    for t in results:
+        hyps, texts, aligned = t.hypotheses, t.texts, t.alignments
         items = []
         for k, (h, text) in enumerate(zip(hyps, texts)):
             item: dict[str, Any] = {"text": text}

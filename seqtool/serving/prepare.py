@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .. import pipeline
+from .. import log, pipeline
 from ..config import Sampling, SearchOptions, ServeConfig
 from ..errors import FieldError, InputError
 from ..pipeline import Origin, Segment
@@ -73,12 +73,13 @@ def options(base: SearchOptions, config: ServeConfig, asked: dict[str, Any], sam
     return chosen
 
 
-def segments(translator, name: str, texts: Sequence[str], prefixes: Optional[Sequence[str]] = None,
-             constraints: Optional[Sequence[Sequence[Any]]] = None, glossary: Optional[dict] = None,
-             max_constraints: int = 0) -> list[Segment]:
-    """The request's non-empty segments, tokenized (a worker thread runs this). A segment is one line:
-    a line break inside it is a space. BadRequest 422 for a constraint item that cannot be one, 413
-    when the glossary gives a segment more constraints than --max-constraints."""
+def lines(translator, name: str, texts: Sequence[str], prefixes: Optional[Sequence[str]] = None,
+          constraints: Optional[Sequence[Sequence[Any]]] = None, glossary: Optional[dict] = None,
+          max_constraints: int = 0, alignments: bool = False) -> "Lines":
+    """The request's segments as lines under the one text policy (pipeline.TextPolicy; a worker
+    thread runs this). A segment is one line: a line break inside it is a space. BadRequest 422 for
+    a constraint item that cannot be one, 413 when the glossary gives a segment more constraints
+    than --max-constraints."""
     from ..terms import Glossary, parse_items
 
     texts = [t.replace("\r", " ").replace("\n", " ") for t in texts]
@@ -96,45 +97,73 @@ def segments(translator, name: str, texts: Sequence[str], prefixes: Optional[Seq
                 raise BadRequest(413, f"constraints of segment {k + 1}: {len(_phrases(found))} phrases with the glossary's; "
                                       f"this server takes at most {max_constraints} per segment (--max-constraints)")
     origins = [Origin(line=k, label=f"{name}, segment {k + 1}") for k in range(len(texts))]
-    return [s for s in pipeline.encode(translator, texts, origins, prefixes, items, keys=list(range(len(texts)))) if s.ids]
+    policy = pipeline.TextPolicy.choose(alignments=alignments, whole=prefixes is not None or items is not None)
+    plan = pipeline.unit_segments(translator, pipeline.units_of(texts, policy), origins, policy, translator.source_lang,
+                                  prefixes, items)
+    return Lines(texts, origins, plan)
+
+
+@dataclass
+class Lines:
+    """A request's segments as lines: their texts, origins and plan (pipeline.Plan)."""
+    texts: list[str]
+    origins: list[Origin]
+    plan: pipeline.Plan
+
+
+def translations(segments: Sequence[Segment], results: Sequence[tuple]) -> list[pipeline.Translation]:
+    """The batcher's results (hypotheses, texts, alignments per segment) as the pipeline's Translations."""
+    return [pipeline.Translation(s.key, s.text, r[0], r[1], r[2], s.origin) for s, r in zip(segments, results)]
+
+
+def lines_answer(translator, request: Lines, results: Sequence[tuple]) -> list[pipeline.Translation]:
+    """One Translation per segment of the request, every alternative placed (a worker thread runs this)."""
+    return pipeline.lines_translated(translator, request.texts, request.plan, translations(request.plan.segments, results),
+                                     request.origins)
 
 
 @dataclass
 class Documents:
-    """A request's texts read as documents: each one's parsed form, its joints (pipeline.Joint) and
-    where its segments start in the request's list."""
+    """A request's texts read as documents: each one's parsed form and plan (pipeline.Plan), and where
+    its segments start in the request's list."""
     parsed: list
-    joints: list[list]
+    plans: list[pipeline.Plan]
     starts: list[int]
     segments: list[Segment]
 
 
-def documents(translator, name: str, texts: Sequence[str], format: str, split: str = "auto") -> Documents:
+def documents(translator, name: str, texts: Sequence[str], format: str, split: str = "auto", glossary: Optional[dict] = None,
+              attributes: bool = True) -> Documents:
     """The request's texts as documents (format text: lines kept, html, markdown; documents.parse),
-    their blocks cut into sentences as `translate --split-sentences` does, every segment keyed apart
+    their blocks cut into sentences as `translate --split-sentences` does, under the one text policy
     (a worker thread runs this). Every segment of every text is queued as one request."""
-    from ..documents import parse
+    from ..documents.formats import parse
+    from ..terms import Glossary
 
-    parsed, joints, starts, segments = [], [], [], []
+    terms = Glossary([(k, [v] if isinstance(v, str) else list(v)) for k, v in glossary.items()]) if glossary else None
+    parsed, plans, starts, segments = [], [], [], []
     for d, text in enumerate(texts):
-        doc = parse(text, format)
+        doc = parse(text, format, attributes)
+        for note in doc.notes:
+            log.warn(f"{name}, text {d + 1}: {note}")
         origins = [Origin(d, k, 0, f"{name}, text {d + 1}, block {k + 1}") for k in range(len(doc.units))]
-        mine, their_joints = pipeline.unit_segments(translator, doc.units, origins, split, translator.source_lang, blocks=True)
+        plan = pipeline.unit_segments(translator, doc.units, origins, pipeline.TextPolicy(split), translator.source_lang,
+                                      glossary=terms, blocks=True)
         parsed.append(doc)
-        joints.append(their_joints)
+        plans.append(plan)
         starts.append(len(segments))
-        segments += mine
-    return Documents(parsed, joints, starts, segments)
+        segments += plan.segments
+    return Documents(parsed, plans, starts, segments)
 
 
-def rendered(translator, docs: Documents, results: Sequence[tuple]) -> list[str]:
+def rendered(translator, docs: Documents, results: Sequence[tuple]) -> list[list[str]]:
     """Each document written back with its blocks' translations (results: the batcher's, one per
-    segment of docs.segments) and their markup placed by the alignments."""
+    segment of docs.segments) and their markup placed by the alignments: every alternative of it
+    (alternative k: its sentences' k-th translations), best first."""
     out = []
     for d, doc in enumerate(docs.parsed):
-        end = docs.starts[d + 1] if d + 1 < len(docs.starts) else len(docs.segments)
-        mine = docs.segments[docs.starts[d]:end]
-        translations = [pipeline.Translation(s.key, s.text, r[0], r[1], r[2], s.origin)
-                        for s, r in zip(mine, results[docs.starts[d]:end])]
-        out.append(doc.render(pipeline.assemble(translator, mine, translations, docs.joints[d])))
+        plan = docs.plans[d]
+        mine = translations(plan.segments, results[docs.starts[d]:docs.starts[d] + len(plan.segments)])
+        out.append([doc.render(pipeline.assemble(translator, plan, mine, rank), translator.target_lang or None)
+                    for rank in range(pipeline.alternatives(plan, mine))])
     return out

@@ -1,42 +1,7 @@
-"""The text side of translating documents: sentences, placeholders, markup. No model here.
+"""Sentences: where a block's sentences end, and their translations joined back into one.
 
-A document (plain text, HTML, Markdown) is read into `units`, one per block, each the text the
-model sees and its inline markup as spans (seqtool.markup: Unit, Span); the translation of each
-unit, with the spans placed on it by the model's alignment, goes back into the document, whose
-every other byte is kept.
-
-    doc = parse(text, "html")                       # or parse_text / parse_html / parse_markdown
-    translated = []
-    for unit in doc.units:
-        pieces = split_sentences(unit.text, "es", mode="auto")    # [(sentence, whitespace after)]
-        parts = [translate(s) if s else None for s, _ in pieces]  # one Aligned per sentence (below)
-        whole = join_aligned(pieces, parts)
-        spans = place_spans(unit, whole.target, whole.alignment, whole.source_tokens, whole.target_tokens)
-        translated.append((whole.target, spans))
-    print(doc.render(translated))
-
-where translate(sentence) returns an `Aligned`: the target text, the character ranges of the
-source and target tokens in the sentence and in the target (Tokenizer.encode_with_offsets(sentence)
-and Tokenizer.decode_with_offsets(hypothesis ids), the ids without BOS/EOS) and the alignment
-between them (source token index, target token index, as seqtool.alignment.hard_alignment gives
-it from attention over those same ids). The sentences of all units can go to the model as one
-batch: nothing here depends on the order of translation. Without an alignment, pass [] and every
-span goes to the end of its unit (a void before the unit's first word: to its start).
-
-A unit's text may begin or end with whitespace and hold line breaks (HTML source formatting);
-split_sentences keeps that whitespace out of the sentences, and the model reads a line break
-inside a sentence as a space. Placeholders (URLs, e-mail addresses) are never in a unit's text.
-
-The API:
-
-- `Document`: what parse* return: `.units: list[Unit]`, `.render(list[(target, spans)]) -> str`,
-  `.identity()` (each unit's own text and spans: render(identity()) is the document again).
-- `parse(doc, format)`: format "text", "html" or "markdown".
-- `parse_text(doc) -> TextDocument`: a unit per line with text (lines end at \\n; \\r before it,
-  blank lines and empty documents are kept as they are), URLs and e-mail addresses cut out
-  (placeholders, void spans). `parse_html`, `parse_markdown`: in seqtool.markup, see there.
-- `split_sentences(text, lang, mode="always") -> list[(sentence, whitespace)]`: the sentences
-  of text, each without surrounding whitespace, with the whitespace after it;
+- `split_sentences(text, lang, mode="always") -> list[(sentence, whitespace)]`: the sentences of
+  text, each without surrounding whitespace, with the whitespace after it;
   "".join(s + ws for s, ws in pieces) == text. Whitespace before the first sentence is a first
   piece ("", whitespace); "" gives []. mode "always": the rule-based splitter (sentence-splitter,
   the Moses rules; chosen by measurement, bench/results.md), a ConfigError naming the extra to
@@ -46,8 +11,6 @@ The API:
   expression: sentence-final punctuation followed by more text).
 - `Aligned(target, alignment, source_tokens, target_tokens)` and `join_aligned(pieces, parts)`:
   the sentences' translations joined with the source's whitespace into one for the whole unit.
-- From seqtool.markup: `Unit`, `Span`, `protect(text) -> Unit`, `place_spans(...)`,
-  `render_unit(target, spans)`, `span_words(unit, span)`, `parse_html`, `parse_markdown`.
 """
 
 from __future__ import annotations
@@ -55,27 +18,12 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Optional, Sequence
 
-from .errors import ConfigError
-from .markup import (HtmlDocument, MarkdownDocument, Skeleton, SkeletonBuilder, Span, Unit, one_line, parse_html,
-                     parse_markdown, place_spans, protect, render_unit, span_words)
-
-__all__ = ["Aligned", "Document", "HtmlDocument", "MarkdownDocument", "Span", "TextDocument", "Unit", "join_aligned",
-           "looks_like_several_sentences", "parse", "parse_html", "parse_markdown", "parse_text", "place_spans", "protect",
-           "render_unit", "span_words", "split_sentences", "splitter_available"]
+from ..errors import ConfigError
 
 MODES = ("auto", "always", "never")
-FORMATS = ("text", "html", "markdown")
 INSTALL = "pip install 'seqtool[documents]'"
-
-
-class Document(Protocol):
-    units: list[Unit]
-
-    def render(self, translated: Sequence[tuple[str, Sequence[Span]]]) -> str: ...
-
-    def identity(self) -> list[tuple[str, list[Span]]]: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,36 +135,3 @@ def join_aligned(pieces: Sequence[tuple[str, str]], parts: Sequence[Optional[Ali
         target_at += len(space)
     whole.target = "".join(target)
     return whole
-
-
-# ---------------------------------------------------------------------------------------------
-# plain text documents
-
-
-class TextDocument(Skeleton):
-    """A plain text document as units; see parse_text."""
-
-
-def parse_text(doc: str) -> TextDocument:
-    """A plain text document -> a unit per line that has text (the line without its \\n, nor a \\r
-    before it), its URLs and e-mail addresses protected as void spans; everything else (line ends,
-    blank lines) stays as it is, so the identity translation gives the document back exactly. A
-    target's line breaks are written as spaces (a unit stays one line)."""
-    out = SkeletonBuilder()
-    for line in re.findall(r"[^\n]*\n|[^\n]+\Z", doc):
-        body = line[:-1] if line.endswith("\n") else line
-        body = body[:-1] if body.endswith("\r") else body
-        out.unit(protect(body), body, one_line)
-        out.verbatim(line[len(body):])
-    return out.finish(TextDocument)  # type: ignore[return-value]
-
-
-def parse(doc: str, format: str) -> Document:
-    """parse_text, parse_html or parse_markdown, by `format` ("text", "html", "markdown")."""
-    if format == "text":
-        return parse_text(doc)
-    if format == "html":
-        return parse_html(doc)
-    if format == "markdown":
-        return parse_markdown(doc)
-    raise ConfigError(f"document format {format!r}: choose one of {', '.join(FORMATS)}")
