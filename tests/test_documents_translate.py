@@ -49,13 +49,18 @@ class Tags(HTMLParser):
         self.close()
 
     def handle_starttag(self, tag, attrs):
-        self.seen.append(("start", tag, tuple(attrs)))
+        self.seen.append(("start", tag, readable_aside(attrs)))
 
     def handle_endtag(self, tag):
         self.seen.append(("end", tag, ()))
 
     def handle_startendtag(self, tag, attrs):
-        self.seen.append(("void", tag, tuple(attrs)))
+        self.seen.append(("void", tag, readable_aside(attrs)))
+
+
+def readable_aside(attrs) -> tuple:
+    """A tag's attributes, the values of those translated (title, alt, ...) and lang aside."""
+    return tuple((k, "*" if k in ("title", "alt", "placeholder", "aria-label", "lang") else v) for k, v in attrs)
 
 
 HTML = """<!DOCTYPE html>
@@ -148,8 +153,8 @@ def test_invalid_utf8_in_a_document_is_replaced_with_a_warning(tiny_checkpoint):
 @pytest.mark.parametrize("args, words", [
     (["--format", "html", "--nbest", "2", "--print-scores"], "print_scores"),
     (["--split-sentences", "sometimes"], "--split-sentences must be auto, always or never"),
-    (["--format", "docx"], "--format must be text, html or markdown"),
-    (["--split-sentences", "always", "--nbest", "2", "--beam", "2"], "drop --nbest"),
+    (["--format", "docx"], "--format must be auto, text, html or markdown"),
+    (["--format", "HTML", "--nbest", "2", "--beam", "2"], "translates a document into one document; drop --nbest"),
 ])
 def test_option_mistakes_are_one_line(tiny_checkpoint, args, words):
     code, out, err = translate(tiny_checkpoint, *args, stdin="a b\n")

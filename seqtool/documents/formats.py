@@ -146,8 +146,9 @@ def _decode(data: bytes, codec: str, name: str, errors: str) -> str:
     try:
         return data.decode(codec)
     except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        what = "UTF-8" if codec == "utf-8" else codec
         if errors == "strict":
-            line = data[:error.start].count(b"\n") + 1
-            raise InputError(f"{name}:{line}: not valid {codec} (byte {error.start}); --errors replace reads it with U+FFFD") from None
-        log.warn(f"{name}: not valid {codec} from byte {error.start} on; read with U+FFFD in its place (--errors strict stops instead)")
+            raise InputError(f"{name}:{line}: invalid {what} at byte {error.start}; fix the file or pass --errors replace") from None
+        log.warn(f"{name}:{line}: invalid {what}, undecodable bytes replaced by U+FFFD (here and wherever else they are)")
         return data.decode(codec, "replace")

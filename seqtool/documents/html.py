@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import html
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 from typing import Optional
 
@@ -202,7 +203,10 @@ def parse_html(doc: str, attributes: bool = True) -> HtmlDocument:
     def flush(upto: int) -> None:
         nonlocal builder, holes
         if builder is not None:
-            out.unit(builder.finish(), doc[unit_start:upto], html_escape, holes)
+            unit = builder.finish(html_escape)
+            if builder.renumbered is not None:  # (a span merged into a letterless one keeps its attributes as they are)
+                holes = [replace(h, span=builder.renumbered[h.span]) for h in holes if h.span in builder.renumbered]
+            out.unit(unit, doc[unit_start:upto], html_escape, holes)
             builder, holes = None, []
 
     def inline(at: int) -> UnitBuilder:

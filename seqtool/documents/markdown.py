@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from .html import VOID_ELEMENTS, parse_html
 from .protect import UnitBuilder
 from .skeleton import Skeleton, SkeletonBuilder
-from .spans import EMPHASIS, SOFT_BREAK, Unit, render_unit
+from .spans import EMPHASIS, PLACEHOLDER, SOFT_BREAK, Unit, render_unit
 
 _FRONT_MATTER = re.compile(r"\A(---|\+\+\+)[ \t]*\n.*?\n(?:\1|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 _HTML_OPEN = re.compile(r"<([A-Za-z][A-Za-z0-9-]*)(?:\s[^>]*)?(?<!/)>\Z", re.DOTALL)
@@ -96,9 +96,12 @@ class MarkdownText:
 
     def __call__(self, text: str) -> str:
         text = self._INLINE.sub(r"\\\1", one_line(text))
+        if (len(text) - len(text.rstrip("\\"))) % 2:  # a lone backslash at its end would escape the markup after it
+            text += "\\"
         return self._CELL.sub(r"\\|", text) if self.cell else text
 
     def lead(self, text: str) -> str:
+        text = text.lstrip()  # (a unit's first line starts where its block's content does: spaces there would move it)
         match = self._LEAD.match(text)
         if not match:
             return text
@@ -199,7 +202,7 @@ def _markdown_unit(children, source: str, at: int, original, starts: list[int]) 
             if not source.startswith("<", at) or close < 0:
                 raise _NotFound
             end = close + 1
-            builder.void(original(at, end))
+            builder.void(original(at, end), kind=PLACEHOLDER)  # (a URL: kept apart from the words around it)
             skip_until_close = True
         elif kind == "link_open":
             end = _expect(source, at, "[")

@@ -32,6 +32,7 @@ from .spans import EMPHASIS, PLACEHOLDER, SOFT_BREAK, UNSPACED, UNSPACED_CLASS, 
 
 # in scripts written without spaces between words, a "word" is one character
 _WORD = re.compile(f"[{UNSPACED_CLASS}]|(?:(?![{UNSPACED_CLASS}])[^\\W_])+")
+SHORT_SPAN = 4  # tokens: a span over at most this many wraps one unbroken run of their translations' tokens
 LONG_SPAN = 64  # tokens: a span over more is placed by the hull of all its tokens' translations (no run search)
 
 
@@ -153,8 +154,9 @@ class _Placer:
         apart into runs (a word aligned to "son ... son" of "son of Solomon, the son"), the longest
         run (the first of equals): measured on bible test sentences with <b> and <a>
         (bench/documents.py, 300 lines): 66.1% -> 95.0% of the tags whose word the alignment
-        translates wrap only words of its translation. A span of more than LONG_SPAN tokens takes
-        the hull of all its tokens' translations."""
+        translates wrap only words of its translation. A run of a span over more than SHORT_SPAN
+        tokens may have gaps of half its length (words reordered in and out of a clause); a span
+        of more than LONG_SPAN tokens takes the hull of all its tokens' translations."""
         if high - low > LONG_SPAN and self.extent is not None:
             start, end = self.extent.query(low, high)
             if start == float("inf"):
@@ -163,9 +165,10 @@ class _Placer:
             found = sorted({j for n in range(low, high) for j in self.links.get(self.index[n], [])})
             if not found:
                 return None
+            gap = 1 if high - low <= SHORT_SPAN else max(2, (high - low) // 2)  # (a long span tolerates words moved in and out)
             runs: list[list[int]] = [[found[0]]]
             for j in found[1:]:
-                if j - runs[-1][-1] <= 1:
+                if j - runs[-1][-1] <= gap:
                     runs[-1].append(j)
                 else:
                     runs.append([j])
@@ -185,24 +188,25 @@ class _Placer:
         return before
 
     def point(self, p: int) -> int:
-        """Where a point at source offset p goes: after the translation of the token before it, or
-        before the one of the token after it (the one it touches first; in whitespace, as far into
-        the target's whitespace as it was); with no token before it (after it) in the source, else
-        the start (the end); between two unaligned tokens, beside the nearest aligned token."""
+        """Where a point at source offset p goes: with no token before it (after it) in the source, to
+        the start (the end), as far into the target's whitespace as it was; else after the translation
+        of the token before it, or before the one of the token after it (the one it touches first; in
+        whitespace, as far into the target's whitespace as it was); between two unaligned tokens,
+        beside the nearest aligned token."""
         k = bisect.bisect_left(self.starts, p)  # tokens [k:] start at or after p
         prev, nxt = (k - 1 if k > 0 else None), (k if k < len(self.starts) else None)
+        if prev is None:  # before every token: at the start, whatever the first word became
+            return self.first(p)
+        if nxt is None:
+            return self.last(p)
         sides = []
-        if prev is not None:
-            sides.append((prev, 1, p - self.ends[prev]))
-        if nxt is not None:
-            next_first = prev is None or (self.starts[nxt] == p and p > self.ends[prev])
-            sides.insert(0 if next_first else len(sides), (nxt, -1, self.starts[nxt] - p))
+        sides.append((prev, 1, p - self.ends[prev]))
+        next_first = self.starts[nxt] == p and p > self.ends[prev]
+        sides.insert(0 if next_first else len(sides), (nxt, -1, self.starts[nxt] - p))
         for n, step, gap in sides:
             hull = self.hull(n, n + 1, words=False)
             if hull is not None:
                 return self.target.over_space(hull[1] if step > 0 else hull[0], gap, step)
-        if prev is None or nxt is None:
-            return self.first(p) if prev is None else self.last(p)
         n = self.nearest_aligned(prev, nxt + 1)
         if n is None:
             return self.last(p)
@@ -285,7 +289,19 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
             ranges[k] = (a, b)
             cursor = b
             todo.append((k, a, b))
-    # 3. edges: spacing, soft breaks, emphasis written as CommonMark reads it
+    # 3. edges: spacing, soft breaks, emphasis written as CommonMark reads it. A span's markup is the
+    # first after the source's whitespace before it (first) when no enclosing span opens and no earlier
+    # sibling ends at the same place; the last before the whitespace after it (last) likewise.
+    first, last = [True] * len(spans), [True] * len(spans)
+    for parent, kids in enumerate(children):
+        parent -= 0 if parent < len(spans) else len(spans) + 1  # (the top level's list is last)
+        kids = sorted(kids, key=lambda k: (spans[k].start, k))
+        for n, k in enumerate(kids):
+            span = spans[k]
+            if parent >= 0 and spans[parent].start == span.start or n and spans[kids[n - 1]].end == span.start:
+                first[k] = False
+            if parent >= 0 and spans[parent].end == span.end or n + 1 < len(kids) and spans[kids[n + 1]].start == span.end:
+                last[k] = False
     out = []
     for k, span in enumerate(spans):
         a, b = ranges[k]
@@ -293,11 +309,11 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
             out.append(replace(span, start=a, end=b, open="", replaces_space=False))
             continue
         changes = {}
-        if not span.replaces_space:
-            changes["pad_before"] = (span.start > 0 and text[span.start - 1].isspace()) or \
-                (span.start < span.end and text[span.start].isspace())
-            changes["pad_after"] = (span.end < len(text) and text[span.end].isspace()) or \
-                (span.start < span.end and text[span.end - 1].isspace())
+        if not span.replaces_space and (atom[k] or a < b):  # (a span emptied by placement needs no room)
+            changes["pad_before"] = first[k] and ((span.start > 0 and text[span.start - 1].isspace()) or
+                                                  (span.start < span.end and text[span.start].isspace()))
+            changes["pad_after"] = last[k] and ((span.end < len(text) and text[span.end].isspace()) or
+                                                (span.start < span.end and text[span.end - 1].isspace()))
         if span.kind == PLACEHOLDER:
             changes["guard"] = True
         if span.kind == EMPHASIS and "_" in span.open and ((a > 0 and target[a - 1].isalnum()) or (b < len(target) and target[b].isalnum())):

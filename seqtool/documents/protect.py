@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from dataclasses import replace
 from typing import Callable, Optional
 
 from .spans import EMPHASIS, MARKUP, PLACEHOLDER, Span, Unit, render_unit
@@ -87,6 +88,7 @@ class UnitBuilder:
         self.run: list[tuple[str, str]] = []  # text not yet searched for placeholders
         self.pending_break: Optional[int] = None  # a line-break void that may need a stand-in space
         self.voided: set[int] = set()  # spans opened but never closed: voids, their children re-parented at the end
+        self.renumbered: Optional[dict[int, int]] = None  # after finish: the spans' new indices, where some were merged
 
     def text(self, decoded: str, raw: Optional[str] = None) -> None:
         if decoded:
@@ -148,14 +150,17 @@ class UnitBuilder:
             self.pending_break = index
         return index
 
-    def finish(self) -> Unit:
+    def finish(self, escape: Optional[Callable[[str], str]] = None) -> Unit:
+        """The unit; an inline element whose text has no letter (`<sup>[22]</sup>`, `**2024**`) becomes one void,
+        its text written with `escape` (the document's: it is no longer the model's to read)."""
         self._flush_run()
         while self.stack:
             self._to_void(self._pop()[0])
         parents = self._parents()
         spans = [Span(s, e, o, c, parents[k], r, MARKUP if kind == EMPHASIS and not c else kind)
                  for k, (s, e, o, c, _, r, kind) in enumerate(self.spans)]
-        return Unit("".join(self.chars), spans)
+        unit, self.renumbered = collapse_letterless(Unit("".join(self.chars), spans), escape)
+        return unit
 
     def _parents(self) -> list[int]:
         """Each span's parent, where a span inside one that became void is inside that one's parent."""
@@ -207,6 +212,63 @@ class UnitBuilder:
             cursor = end
         if cursor < len(decoded):
             self._append(decoded[cursor:])
+
+
+def collapse_letterless(unit: Unit, escape: Optional[Callable[[str], str]] = None) -> tuple[Unit, Optional[dict[int, int]]]:
+    """unit with each outermost non-void span whose text has something but no letter (a footnote
+    marker, a number) made one void: its markup, its text (written with escape) and everything
+    inside it, verbatim. Such text is never the model's to translate; placed as one piece, it
+    comes back as it was. Also returns each kept span's new index (None: nothing changed)."""
+    text, spans = unit.text, unit.spans
+    gone: set[int] = set()
+    roots: list[int] = []
+    for k, span in enumerate(spans):  # (parents come before their children)
+        if span.parent in gone:
+            gone.add(k)
+        elif span.close and text[span.start:span.end].strip() and letterless(text[span.start:span.end]):
+            roots.append(k)
+            gone.add(k)
+    if not roots:
+        return unit, None
+    keep = [k for k in range(len(spans)) if k not in gone or k in roots]
+    index = {k: n for n, k in enumerate(keep)}
+    cuts = [(spans[k].start, spans[k].end) for k in roots]  # (in order, none inside another)
+    ends, removed = [e for _, e in cuts], [0]
+    for a, b in cuts:
+        removed.append(removed[-1] + b - a)
+
+    def moved(p: int) -> int:
+        n = bisect.bisect_left(ends, p)  # cuts [0, n) end before p
+        if n < len(cuts) and cuts[n][0] < p:  # inside cut n: to its start
+            return cuts[n][0] - removed[n]
+        return p - removed[n]
+
+    markup: dict[int, str] = {}
+    for k in roots:
+        root = spans[k]
+        subtree, j = {k}, k + 1  # (a span's descendants follow it in the list)
+        while j < len(spans) and spans[j].parent in subtree:
+            subtree.add(j)
+            j += 1
+        inner = {j: n for n, j in enumerate(range(k + 1, j))}
+        sub = [replace(spans[j], start=spans[j].start - root.start, end=spans[j].end - root.start,
+                       parent=inner.get(spans[j].parent, -1)) for j in inner]
+        markup[k] = root.open + render_unit(text[root.start:root.end], sub, escape) + root.close
+    out = []
+    for k in keep:
+        span = spans[k]
+        parent = index.get(span.parent, -1)
+        if k in markup:
+            at = moved(span.start)
+            out.append(Span(at, at, markup[k], "", parent, False, MARKUP))
+        else:
+            out.append(replace(span, start=moved(span.start), end=moved(span.end), parent=parent))
+    cut_text, at = [], 0
+    for a, b in cuts:
+        cut_text.append(text[at:a])
+        at = b
+    cut_text.append(text[at:])
+    return Unit("".join(cut_text), out), index
 
 
 def _raw_offsets(run: list[tuple[str, str]]) -> Callable[[int, int], int]:

@@ -19,6 +19,7 @@ URL written). The identity rendering (a unit's own text and spans) adds nothing.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -112,6 +113,11 @@ def check_spans(text: str, spans: Sequence[Span]) -> list[list[int]]:
     return children
 
 
+def punctuation(char: str) -> bool:
+    """CommonMark's Unicode punctuation (categories P and S)."""
+    return unicodedata.category(char)[0] in "PS"
+
+
 def _glues(char: str) -> bool:
     return char.isalnum() or char in GLUES
 
@@ -127,6 +133,8 @@ class _Writer:
         self.last_text = ""  # the last character of target written
         self.pad = False  # a space is owed before the next text that is a word
         self.guard = False  # a placeholder was written: the next text must not continue it
+        self.ended = False  # the last thing written ended an element (a close or a void): no text since
+        self.opened = False  # the last thing written opened an element: a space here would be inside it
 
     def text(self, upto: int) -> None:
         if upto <= self.cursor:
@@ -142,20 +150,33 @@ class _Writer:
         written = self.escape(piece)
         self.out.append(lead(written) if lead is not None else written)
         self.cursor, self.last, self.last_text = upto, piece[-1], piece[-1]
-        self.pad = self.guard = False
+        self.pad = self.guard = self.ended = self.opened = False
 
-    def markup(self, text: str) -> None:
+    def markup(self, text: str, sibling: bool = False) -> None:
+        """Markup written as it is. sibling: it follows, with no text between, the end of another
+        element: where both are made of the same delimiter character (two code spans, two emphasis
+        runs), a space keeps them apart (`a``b` would be one code span, **a***b* one run)."""
         if text:
+            if sibling and self.last == text[0] and text[0] in "`*_~":
+                self.out.append(" ")
             self.out.append(text)
             self.last = text[-1]
+            self.ended = False
 
     def space_before(self, span: Span) -> None:
-        """Before a span's opening markup: a space where the source had one and the target has none."""
+        """Before a span's opening markup: a space owed by what came before (pad, guard: paid before the
+        markup, not inside it), or one where the source had one and the target has none."""
         nxt = self.target[self.cursor] if self.cursor < len(self.target) else ""
+        after = self.target[self.cursor + 1] if self.cursor + 1 < len(self.target) else ""
+        if nxt and ((self.pad and not nxt.isspace() and nxt not in CLOSING and not UNSPACED.match(nxt)) or
+                    (self.guard and not nxt.isspace() and not _ends_a_url(nxt, after))):
+            self.markup(" ")
+            self.pad = self.guard = False
+            return
         if span.guard and self.last_text and _glues(self.last):
             self.markup(" ")
-        elif span.pad_before and self.last and not self.last.isspace() and self.last not in OPENING and \
-                (span.void or (span.start < span.end and not nxt.isspace())) and not UNSPACED.match(nxt or " ") and not UNSPACED.match(self.last_text or " "):
+        elif span.pad_before and not self.opened and self.last and not self.last.isspace() and self.last not in OPENING and \
+                (span.start == span.end or not nxt.isspace()) and not UNSPACED.match(nxt or " ") and not UNSPACED.match(self.last_text or " "):
             self.markup(" ")
 
     def space_after(self, span: Span) -> None:
@@ -163,7 +184,7 @@ class _Writer:
         continues a placeholder."""
         if span.guard:
             self.guard = True
-        if span.pad_after and (span.void or (self.last_text and not self.last_text.isspace())):
+        if span.pad_after and (span.start == span.end or (self.last_text and not self.last_text.isspace())):
             self.pad = True
 
 
@@ -193,14 +214,24 @@ def render_unit(target: str, spans: Sequence[Span], escape: Optional[Escape] = N
             span = spans[child]
             w.text(span.start)
             w.space_before(span)
-            w.markup(span.open)
+            if span.kind == EMPHASIS:  # a run followed by punctuation opens only after a space or punctuation
+                kids = children[child]
+                inside = spans[kids[0]].open[:1] if kids and spans[kids[0]].start == span.start and spans[kids[0]].open else \
+                    target[span.start:span.start + 1]
+                if inside and punctuation(inside) and w.last and not (w.last.isspace() or punctuation(w.last)):
+                    w.markup(" ")
+            w.markup(span.open, sibling=w.ended)
+            w.ended, w.opened = span.void, not span.void
             stack.append((child, iter(children[child])))
             continue
         stack.pop()
         if index >= 0:
             span = spans[index]
             w.text(span.end)
+            if span.kind == EMPHASIS and w.last and punctuation(w.last):
+                w.pad = True  # a run after punctuation closes only before a space or punctuation
             w.markup(span.close)
+            w.ended, w.opened = True, False
             if span.replaces_space and w.cursor < len(target) and target[w.cursor].isspace():
                 w.cursor += 1
             w.space_after(span)
