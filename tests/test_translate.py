@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from seqtool.config import Sampling, SearchOptions, TranslateConfig
+from seqtool.device import cpu_bf16_instructions
 from seqtool.errors import ConfigError
 from seqtool.translate import Translator, format_translation, settings, translate_file
 
@@ -144,9 +145,12 @@ def test_a_sentence_translates_the_same_whatever_shares_its_batch(tiny_checkpoin
     move one rounding step: about 1e-3 in a score. (torch's dynamic quantization, one scale per
     call, changed the hypotheses themselves.)"""
     lines = ["a b c d e f g h i j k l", "a", "c d e", "j i h g f e d c b a b c d e f", "b c", "e f g h"]
+    # (bf16 on a CPU with AMX: oneDNN picks its kernel by the number of rows, so another batch sums in
+    # another order: the hypotheses stay, a score moves by ~1e-3, measured on an AMX EPYC 2026-12-07)
     lines += [" ".join("abcdefgh"[(i * j + i) % 8] for j in range(1 + i % 9)) for i in range(18)]
     t = Translator.load(tiny_checkpoint, device="cpu", precision=precision, quantize=quantize, beam=3, nbest=2,
                                                        max_len_b=10)
+    amx = "AMX" in cpu_bf16_instructions()
     together = t.translate_chunk(0, lines)
     among_long = t.translate_chunk(0, ["h g f e d c b a " * 6] * 2 + lines[::2])[2:]
     for k, line in enumerate(lines):
@@ -155,7 +159,7 @@ def test_a_sentence_translates_the_same_whatever_shares_its_batch(tiny_checkpoin
         for other in others:
             assert alone.texts == other.texts
             scores = [h.score for h in other.hypotheses]
-            if quantize == "int8":
+            if quantize == "int8" or (precision == "bf16" and amx):
                 want = pytest.approx(scores, abs=1e-2)
             else:
                 want = scores if precision == "bf16" else pytest.approx(scores, rel=1e-5)
