@@ -189,7 +189,8 @@ class TextPolicy:
     - splitting: `split` (auto, always, never: unit_segments says when auto cuts);
     - spacing: whatever is put back keeps the whitespace it had beside it (documents.spans).
 
-    Alternatives (n-best) go the same way: alternative k of a text is its sentences' k-th
+    A text the model translates into nothing is kept as it was (in a document, an emptied list item
+    or cell would change its structure). Alternatives (n-best) go the same way: alternative k of a text is its sentences' k-th
     hypotheses joined, its placeholders placed by each one's own alignment. Two cases keep text whole:
     a target prefix or constraints (they belong to a whole line: split never, no pass-through), and
     token alignments in the output (they describe the model's own tokens of the line: `as_is`, the
@@ -323,7 +324,8 @@ def assemble(translator, plan: Plan, translations: Sequence[Translation], rank: 
             out.append((j.unit.text, list(j.unit.spans)))
             continue
         if not j.unit.spans:
-            out.append(("".join(_text(translations, i, sentence, rank) + ws for i, (sentence, ws) in zip(j.segments, j.pieces)), []))
+            target = "".join(_text(translations, i, sentence, rank) + ws for i, (sentence, ws) in zip(j.segments, j.pieces))
+            out.append((target if target.strip() else j.unit.text, []))
             continue
         parts: list[Optional[Aligned]] = []
         for i, (sentence, _) in zip(j.segments, j.pieces):
@@ -341,6 +343,9 @@ def assemble(translator, plan: Plan, translations: Sequence[Translation], rank: 
             pairs = aligned[r] if aligned and r < len(aligned) else []
             parts.append(Aligned(target, pairs, source_tokens, target_tokens))
         whole = join_aligned(j.pieces, parts)
+        if not whole.target.strip():  # the model gave nothing: the unit as it was (an empty list item would end its list)
+            out.append((j.unit.text, list(j.unit.spans)))
+            continue
         out.append((whole.target, place_spans(j.unit, whole.target, whole.alignment, whole.source_tokens, whole.target_tokens)))
     return out
 
