@@ -178,3 +178,64 @@ def test_the_server_translates_html_and_refuses_a_document_past_its_limits(tiny_
     finally:
         err = s.stop()
     assert "Traceback" not in err
+
+
+def run_files(checkpoint, *args):
+    out = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(checkpoint), *FP32, *map(str, args)],
+                         capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+    return out.returncode, out.stderr.decode("utf-8")
+
+
+def test_format_auto_is_chosen_by_the_input_name_and_formats_ignore_case(tiny_checkpoint, tmp_path):
+    (tmp_path / "page.HTML").write_text(HTML, encoding="utf-8")
+    (tmp_path / "README.Md").write_text(MARKDOWN, encoding="utf-8")
+    (tmp_path / "notes.txt").write_text("<p>a b</p>\nc d\n", encoding="utf-8")
+    for name in ("page.HTML", "README.Md", "notes.txt"):
+        code, err = run_files(tiny_checkpoint, "-i", tmp_path / name, "-o", tmp_path / f"out-{name}")
+        assert code == 0, err
+    assert same_tags((tmp_path / "out-page.HTML").read_text(encoding="utf-8"), HTML)
+    assert '```python\nx = "a b c"  # not text\n```' in (tmp_path / "out-README.Md").read_text(encoding="utf-8")
+    assert len((tmp_path / "out-notes.txt").read_text(encoding="utf-8").splitlines()) == 2  # text: a line per line
+    code, out, err = translate(tiny_checkpoint, "--format", "HTML", stdin=HTML)
+    assert code == 0 and same_tags(out, HTML), err
+
+
+def test_html_on_stdin_read_as_text_gets_a_warning_naming_the_format(tiny_checkpoint):
+    code, out, err = translate(tiny_checkpoint, stdin=HTML)
+    assert code == 0 and "looks like HTML" in err and "--format html" in err
+    assert len(out.splitlines()) == len(HTML.splitlines())
+    code, out, err = translate(tiny_checkpoint, stdin="a b\nc d\n")
+    assert code == 0 and "HTML" not in err
+
+
+def test_a_document_keeps_its_encoding_line_ends_and_byte_order_mark(tiny_checkpoint, tmp_path):
+    latin = '<html><head><meta charset="iso-8859-1"><title>a b</title></head><body><p>c d</p><pre>año ñ €</pre></body></html>\n'
+    (tmp_path / "latin.html").write_bytes(latin.encode("cp1252"))
+    code, err = run_files(tiny_checkpoint, "-i", tmp_path / "latin.html", "-o", tmp_path / "out.html")
+    out = (tmp_path / "out.html").read_bytes()
+    assert code == 0 and '<pre>año ñ €</pre>'.encode("cp1252") in out and b'charset="iso-8859-1"' in out, err
+    crlf = "\ufeff# a b\r\n\r\nc d *e* f\r\n\r\n- g\r\n- h\r\n"
+    (tmp_path / "bom.md").write_bytes(crlf.encode("utf-8"))
+    code, err = run_files(tiny_checkpoint, "-i", tmp_path / "bom.md", "-o", tmp_path / "bom-out.md")
+    out = (tmp_path / "bom-out.md").read_bytes()
+    assert code == 0 and out.startswith(b"\xef\xbb\xbf# ") and out.count(b"\r\n") == crlf.count("\r\n") and b"\n" not in out.replace(b"\r\n", b""), err
+
+
+def test_a_document_with_a_line_over_a_mebibyte_is_translated(tiny_checkpoint, tmp_path):
+    image = "data:image/png;base64," + "QUJD" * 300_000  # an inline image: 1.2 MB on one line
+    (tmp_path / "big.html").write_text(f'<p>a b <img src="{image}" alt="c d"> e f</p>\n', encoding="utf-8")
+    code, err = run_files(tiny_checkpoint, "-i", tmp_path / "big.html", "-o", tmp_path / "out.html")
+    assert code == 0 and image in (tmp_path / "out.html").read_text(encoding="utf-8"), err
+
+
+def test_a_glossary_applies_to_every_sentence_of_a_document(tiny_checkpoint, tmp_path):
+    (tmp_path / "terms.tsv").write_text("a b\thhh\n", encoding="utf-8")
+    code, out, err = translate(tiny_checkpoint, "--format", "html", "--glossary", tmp_path / "terms.tsv",
+                               stdin="<p>a b c</p><ul><li>d a b</li><li>e f</li></ul>")
+    assert code == 0, err
+    assert re.search(r"<p>[^<]*hhh[^<]*</p>", out) and re.search(r"<li>[^<]*hhh[^<]*</li><li>", out), out
+
+
+def test_markdown_nested_past_the_parser_limit_warns(tiny_checkpoint):
+    code, out, err = translate(tiny_checkpoint, "--format", "markdown", stdin="a b\n\n" + "> " * 30 + "c d\n")
+    assert code == 0 and "nested deeper than 20 levels" in err and "> " * 30 + "c d" in out

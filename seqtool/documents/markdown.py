@@ -132,6 +132,11 @@ def parse_markdown(doc: str, attributes: bool = True) -> MarkdownDocument:
     first_line = bisect.bisect_right(lines, base) - 1
     tokens = md.parse(source[base:])
     out = SkeletonBuilder()
+    limit = md.options["maxNesting"]
+    deep = [t for t in tokens if t.nesting == 1 and t.level >= limit - 1 and t.map]
+    if deep:  # markdown-it reads nothing inside a container past its nesting limit: that text stays as it is
+        out.notes.append(f"line {first_line + deep[0].map[0] + 1}: nested deeper than {limit} levels (markdown-it's limit); "
+                         "the text inside is kept untranslated")
     cursor = 0
     for k, token in enumerate(tokens):
         if token.type == "html_block" and token.level == 0 and token.map:
