@@ -203,7 +203,7 @@ def parse_html(doc: str, attributes: bool = True) -> HtmlDocument:
     def flush(upto: int) -> None:
         nonlocal builder, holes
         if builder is not None:
-            unit = builder.finish(html_escape)
+            unit = builder.finish()
             if builder.renumbered is not None:  # (a span merged into a letterless one keeps its attributes as they are)
                 holes = [replace(h, span=builder.renumbered[h.span]) for h in holes if h.span in builder.renumbered]
             out.unit(unit, doc[unit_start:upto], html_escape, holes)

@@ -16,10 +16,10 @@ verbatim.
 
 The document is never re-rendered: only the character ranges of translated text are replaced, so
 everything else comes back byte for byte, and the identity translation gives the document back
-exactly. A unit's text is its source characters as written (backslash escapes and entity
-references included). A translated unit is written on one line, with the characters that would
-start markup of their own escaped (`*`, `_`, a backtick, brackets, `<`; at its start a `#`, `>` or
-list marker; in a table cell `|`). A block whose inline text cannot be located in its lines
+exactly. A unit's text is what a reader reads (backslash escapes and entity references decoded,
+a cell's `\\|` as `|`). A translated unit is written on one line, with the characters that would
+be markup escaped (a backslash, `*`, `_`, `~`, a backtick, brackets, `<`; at its start a `#`, `>`
+or list marker; in a table cell `|`) and an `&` that would start an entity as `&amp;`. A block whose inline text cannot be located in its lines
 (markdown-it nesting past its limit, say) stays verbatim, and `notes` says which line it is on.
 """
 
@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from .html import VOID_ELEMENTS, parse_html
 from .protect import UnitBuilder
 from .skeleton import Skeleton, SkeletonBuilder
-from .spans import EMPHASIS, PLACEHOLDER, SOFT_BREAK, Unit, render_unit
+from .spans import EMPHASIS, HARD_BREAK, PLACEHOLDER, SOFT_BREAK, Unit, render_unit
 
 _FRONT_MATTER = re.compile(r"\A(---|\+\+\+)[ \t]*\n.*?\n(?:\1|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 _HTML_OPEN = re.compile(r"<([A-Za-z][A-Za-z0-9-]*)(?:\s[^>]*)?(?<!/)>\Z", re.DOTALL)
@@ -84,21 +84,21 @@ class _NotFound(Exception):
 
 
 class MarkdownText:
-    """How a translated unit's text is written: on one line, markup characters escaped (see the
-    module's docstring); `lead` escapes what would open a block at the unit's start."""
+    """How a translated unit's text is written: on one line, the characters that would be markup
+    escaped (see the module's docstring), an & that would start an entity as &amp;; `lead` escapes
+    what would open a block at the unit's start."""
 
-    _INLINE = re.compile(r"(?<!\\)([*_`\[\]<])")
-    _CELL = re.compile(r"(?<!\\)\|")
+    _INLINE = re.compile(r"([\\`*_\[\]<~])")
+    _CELL = re.compile(r"([\\`*_\[\]<~|])")
+    _ENTITY = re.compile(r"&(?=#?[0-9A-Za-z]+;)")
     _LEAD = re.compile(r"\A([#>]|[-+](?=[ \t]|\Z)|\d{1,9}(?=[.)](?:[ \t]|\Z)))")
 
     def __init__(self, cell: bool = False):
         self.cell = cell
 
     def __call__(self, text: str) -> str:
-        text = self._INLINE.sub(r"\\\1", one_line(text))
-        if (len(text) - len(text.rstrip("\\"))) % 2:  # a lone backslash at its end would escape the markup after it
-            text += "\\"
-        return self._CELL.sub(r"\\|", text) if self.cell else text
+        text = self._ENTITY.sub("&amp;", one_line(text))
+        return (self._CELL if self.cell else self._INLINE).sub(r"\\\1", text)
 
     def lead(self, text: str) -> str:
         text = text.lstrip()  # (a unit's first line starts where its block's content does: spaces there would move it)
@@ -158,8 +158,8 @@ def parse_markdown(doc: str, attributes: bool = True) -> MarkdownDocument:
         elif opener is not None and opener.type == "heading_open" and opener.markup.startswith("#"):
             begin = re.compile(r"#{1,6}[ \t]*").match(source, begin).end()
         try:
-            unit, end = _markdown_unit(token.children, source, begin, original, [s + base for s in token.meta["starts"]])
-            if render_unit(unit.text, unit.spans) != original(begin, end):
+            unit, end, raw = _markdown_unit(token.children, source, begin, original, [s + base for s in token.meta["starts"]])
+            if raw != original(begin, end):
                 raise _NotFound
         except _NotFound:
             line = bisect.bisect_right(lines, begin)
@@ -172,8 +172,9 @@ def parse_markdown(doc: str, attributes: bool = True) -> MarkdownDocument:
     return out.finish(MarkdownDocument)  # type: ignore[return-value]
 
 
-def _markdown_unit(children, source: str, at: int, original, starts: list[int]) -> tuple[Unit, int]:
-    """One inline token's children located in `source` from offset `at` -> (unit, end offset)."""
+def _markdown_unit(children, source: str, at: int, original, starts: list[int]) -> tuple[Unit, int, str]:
+    """One inline token's children located in `source` from offset `at` -> (unit, end offset, the
+    source it was read from, put together again: the check that every token was located)."""
     builder = UnitBuilder()
     skip_until_close = False
     for token in children:
@@ -181,21 +182,21 @@ def _markdown_unit(children, source: str, at: int, original, starts: list[int]) 
         if skip_until_close:  # inside an autolink, already written as one void
             skip_until_close = kind != "link_close"
             continue
-        if kind == "text":
+        if kind == "text":  # (the model reads text as it reads: a cell's \| as |, an escape or entity decoded)
             if not token.content:
                 continue
             end = _match_text(source, at, token.content)
-            builder.text(original(at, end))
+            builder.text(token.content, original(at, end))
         elif kind == "text_special":
             end = _expect(source, at, token.markup)
-            builder.text(original(at, end))
+            builder.text(token.content, original(at, end))
         elif kind in ("softbreak", "hardbreak"):
             newline = source.find("\n", at)
             if newline < 0 or source[at:newline].strip(" \t\\"):
                 raise _NotFound
             after = bisect.bisect_left(starts, newline + 1)
             end = starts[after] if after < len(starts) else newline + 1
-            builder.void(original(at, end), stand_in=True, kind=SOFT_BREAK if kind == "softbreak" else "")
+            builder.void(original(at, end), stand_in=True, kind=SOFT_BREAK if kind == "softbreak" else HARD_BREAK)
         elif kind in ("em_open", "strong_open", "s_open"):
             end = _expect(source, at, token.markup)
             builder.open(original(at, end), kind[:-5], EMPHASIS)
@@ -241,7 +242,7 @@ def _markdown_unit(children, source: str, at: int, original, starts: list[int]) 
         else:
             raise _NotFound
         at = end
-    return builder.finish(), at
+    return builder.finish(), at, builder.raw()
 
 
 def _expect(source: str, at: int, text: str) -> int:

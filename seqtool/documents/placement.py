@@ -10,7 +10,8 @@ count, order, markup and parents) over `target`, always valid for render_unit, f
    void, `<a><code>x</code></a>`, a link around a URL, `<b> </b>`) is an atom: it and everything
    inside it go to one point, after the translation of the token before it or before the one after
    it (as it touched them in the source).
-2. Nesting and order, top down: each span inside its parent's range, siblings in their source order
+2. Nesting and order, top down: a span's range first widened to hold where its children would go,
+   then each span inside its parent's range, siblings in their source order
    (the tag stream is the source's), each span with text given at least one word of the target
    where the parent's range has enough for all of them. The top level stays off the target's outer
    whitespace.
@@ -28,7 +29,7 @@ import unicodedata
 from dataclasses import replace
 from typing import Optional, Sequence
 
-from .spans import EMPHASIS, PLACEHOLDER, SOFT_BREAK, UNSPACED, UNSPACED_CLASS, Span, Unit, children_of
+from .spans import EMPHASIS, HARD_BREAK, PLACEHOLDER, SOFT_BREAK, UNSPACED, UNSPACED_CLASS, Span, Unit, children_of
 
 # in scripts written without spaces between words, a "word" is one character
 _WORD = re.compile(f"[{UNSPACED_CLASS}]|(?:(?![{UNSPACED_CLASS}])[^\\W_])+")
@@ -64,6 +65,13 @@ class _Target:
             self.space_end[p] = self.space_end[p + 1] if text[p].isspace() else p
         for p in range(n + 1):
             self.space_start[p] = self.space_start[p - 1] if p and text[p - 1].isspace() else p
+        self.solid_end = [0] * (n + 1)  # position p: the end of the run of non-whitespace starting at p
+        self.solid_start = [0] * (n + 1)  # position p: the start of the run of non-whitespace ending at p
+        self.solid_end[n] = n
+        for p in range(n - 1, -1, -1):
+            self.solid_end[p] = p if text[p].isspace() else self.solid_end[p + 1]
+        for p in range(n + 1):
+            self.solid_start[p] = p if not p or text[p - 1].isspace() else self.solid_start[p - 1]
 
     def snap(self, position: int, step: int) -> int:
         """`position` moved out of the word it is inside (left: step -1; right: 1)."""
@@ -255,30 +263,45 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
             wish.append((q, q if span.void else geometry.over_space(q, span.end - span.start, 1)))
         else:
             wish.append(placer.place(span))
+    for k in range(len(spans) - 1, -1, -1):  # a span wraps where its children would go (children come after parents)
+        parent = spans[k].parent
+        if parent >= 0 and not atom[parent]:
+            wish[parent] = (min(wish[parent][0], wish[k][0]), max(wish[parent][1], wish[k][1]))
     wordy = [not atom[k] and has_words(text[s.start:s.end]) for k, s in enumerate(spans)]
     # 2. nesting and order, top down
     ranges: list[tuple[int, int]] = [(0, 0)] * len(spans)
+    dropped: set[int] = set()  # Markdown line breaks with no two words around them: left out (a space stays)
     todo = [(-1, 0, len(target))]
     while todo:
         parent, low, high = todo.pop()
         kids = sorted(children[parent], key=lambda k: (spans[k].start, k))  # (their order in the source)
         needing = sum(1 for k in kids if wordy[k])  # siblings still to come that need a word of the target
-        cursor = low
-        for k in kids:
+        cursor = line = low  # (line: where the current line of the parent starts, after its last hard break)
+        content = False  # a sibling other than a line break was placed since the line started
+        for n, k in enumerate(kids):
+            needing -= wordy[k]  # (the wordy siblings after this one: their words are kept free of it)
+            first, last = geometry.words_in(cursor, high)
+            spare = last - needing  # the first of the words kept for them
+            limit = max(geometry.word_starts[spare], cursor) if needing and spare - wordy[k] >= first else high
             if atom[k]:
-                a = min(max(wish[k][0], cursor), high)
-                b = a if spans[k].void else min(max(wish[k][1], a), high)
+                a = min(max(wish[k][0], cursor), limit)
+                if spans[k].kind == HARD_BREAK:  # a Markdown line break stays inside its parent's content, or goes
+                    later = any(spans[x].kind != HARD_BREAK for x in kids[n + 1:n + 2])
+                    a = _inside(geometry, a, line, high, cursor, content, later)
+                    if a is None:
+                        dropped.add(k)
+                        a = cursor
+                    else:
+                        line, content = a, False  # (the next break needs content after this one)
+                b = a if spans[k].void or spans[k].kind == EMPHASIS else min(max(wish[k][1], a), limit)  # (** around a space is no emphasis)
                 ranges[k] = (a, b)
                 cursor = b
+                content = content or spans[k].kind != HARD_BREAK
                 todo.append((k, a, b))
                 continue
-            needing -= wordy[k]
-            first, last = geometry.words_in(cursor, high)
-            limit = geometry.word_starts[last - needing] if needing and last - needing > first else high
-            limit = max(limit, cursor)
             a = min(max(wish[k][0], cursor), limit)
             b = min(max(wish[k][1], a), limit)
-            if not target[a:b].strip():  # give it a word: the first one free at or after the cursor
+            if not (has_words(target[a:b]) if wordy[k] else target[a:b].strip()):  # give it a word: the first free one
                 i, j = geometry.words_in(cursor, limit)
                 if i < j:
                     w = min(bisect.bisect_left(geometry.word_starts, a), j - 1)
@@ -288,6 +311,7 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
                 a, b = _flanking(target, a, b)
             ranges[k] = (a, b)
             cursor = b
+            content = True
             todo.append((k, a, b))
     # 3. edges: spacing, soft breaks, emphasis written as CommonMark reads it. A span's markup is the
     # first after the source's whitespace before it (first) when no enclosing span opens and no earlier
@@ -305,7 +329,7 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
     out = []
     for k, span in enumerate(spans):
         a, b = ranges[k]
-        if span.kind == SOFT_BREAK:
+        if span.kind == SOFT_BREAK or k in dropped:
             out.append(replace(span, start=a, end=b, open="", replaces_space=False))
             continue
         changes = {}
@@ -316,10 +340,41 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
                                                 (span.start < span.end and text[span.end - 1].isspace()))
         if span.kind == PLACEHOLDER:
             changes["guard"] = True
-        if span.kind == EMPHASIS and "_" in span.open and ((a > 0 and target[a - 1].isalnum()) or (b < len(target) and target[b].isalnum())):
-            changes["open"], changes["close"] = span.open.replace("_", "*"), span.close.replace("_", "*")
+        if span.kind == EMPHASIS:
+            parent = out[span.parent] if span.parent >= 0 else None
+            if not atom[k] and not target[a:b].strip():  # no word left for it (the translation has fewer): ** alone is text
+                changes["open"] = changes["close"] = ""
+            elif "_" in span.open and ((a > 0 and target[a - 1].isalnum()) or (b < len(target) and target[b].isalnum())):
+                changes["open"], changes["close"] = span.open.replace("_", "*"), span.close.replace("_", "*")  # (inside a word)
+            elif parent is not None and parent.kind == EMPHASIS and parent.open[:1] == span.open[:1] and span.open[:1] in ("*", "_") \
+                    and not (a > 0 and target[a - 1].isalnum()) and not (b < len(target) and target[b].isalnum()):
+                other = "_" if span.open[:1] == "*" else "*"  # *a *b* c*: which * closes which is a guess; *a _b_ c* is not
+                changes["open"], changes["close"] = other * len(span.open), other * len(span.close)
         out.append(replace(span, start=a, end=b, **changes))
+    for k, span in enumerate(out):  # a verbatim piece at an emphasis's edge that ends in its delimiter: **2024*... -> _..._
+        parent = out[span.parent] if span.parent >= 0 else None
+        if span.void and parent is not None and parent.kind == EMPHASIS and parent.open[:1] in ("*", "_") and span.open and \
+                ((span.start == parent.start and span.open[0] == parent.open[0]) or (span.end == parent.end and span.open[-1] == parent.open[0])):
+            other = "_" if parent.open[0] == "*" else "*"
+            out[span.parent] = replace(parent, open=other * len(parent.open), close=other * len(parent.close))
     return out
+
+
+def _inside(geometry: _Target, a: int, low: int, high: int, cursor: int, before: bool, after: bool) -> Optional[int]:
+    """Where a line break at a goes so that something of its parent's content (text, or a sibling:
+    before, after say there are siblings on that side) comes before it and after it; None: nowhere."""
+    if not before and geometry.space_end[low] >= a:  # nothing before it: after the first run of text
+        first = geometry.space_end[max(low, cursor)]
+        if first >= high:
+            return None
+        a = geometry.solid_end[first]
+    if not after and geometry.space_end[a] >= high:  # nothing after it: before the last run of text
+        last = geometry.space_start[high]  # (the end of the text before high's whitespace)
+        start = geometry.solid_start[last]
+        if last <= low or start < max(cursor, low) or (not before and geometry.space_end[low] >= start):
+            return None
+        a = geometry.space_start[start]
+    return min(max(a, cursor, low), high)
 
 
 def _flanking(target: str, a: int, b: int) -> tuple[int, int]:

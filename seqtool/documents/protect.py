@@ -16,7 +16,7 @@ import re
 from dataclasses import replace
 from typing import Callable, Optional
 
-from .spans import EMPHASIS, MARKUP, PLACEHOLDER, Span, Unit, render_unit
+from .spans import EMPHASIS, GLUES, MARKUP, PLACEHOLDER, Span, Unit
 
 # A URL: a scheme (or www.) and everything up to whitespace, quotes or angle brackets; trailing
 # punctuation that ends the sentence, and closing brackets without an opening one, are not part of
@@ -25,12 +25,12 @@ from .spans import EMPHASIS, MARKUP, PLACEHOLDER, Span, Unit, render_unit
 # so every run is scanned once: linear time.
 _LOCAL = r"[\w.!#$%&'*+/=?^`{|}~-]"
 _PLACEHOLDER = re.compile(
-    r"(?<![\w@.\-/!#$%&'*+=?^`{|}~])(?:"
+    rf"(?<![\w{re.escape(GLUES)}])(?:"
     r"(?:https?|ftp|sftp|file)://[^\s<>\"]+|www\.[^\s<>\"]+|mailto:[^\s<>\"]+"
     rf"|{_LOCAL}+@[\w-]+(?:\.[\w-]+)*|\"[^\"\n@]{{1,64}}\"@[\w-]+(?:\.[\w-]+)*)",
     re.IGNORECASE,
 )
-_TRAILING = ".,;:!?'\"»”’…"
+_TRAILING = ".,;:!?'\"»”’…\\"  # (a backslash too: in Markdown it would escape what follows the URL)
 _PAIRS = {")": "(", "]": "[", "}": "{"}
 _SCHEME = re.compile(r"(?:https?|ftp|sftp|file)://|mailto:|www\.")
 _TOP_LEVEL = re.compile(r"\.[^\W\d_]{2,}$")  # a domain that ends in a name of letters (example.com, not x.1)
@@ -89,14 +89,23 @@ class UnitBuilder:
         self.pending_break: Optional[int] = None  # a line-break void that may need a stand-in space
         self.voided: set[int] = set()  # spans opened but never closed: voids, their children re-parented at the end
         self.renumbered: Optional[dict[int, int]] = None  # after finish: the spans' new indices, where some were merged
+        self.raws: list[str] = []  # what was read, as written (raw())
+        self.raw_spans: dict[int, list[int]] = {}  # a span's [first, end) in raws (its markup and all inside it)
 
     def text(self, decoded: str, raw: Optional[str] = None) -> None:
         if decoded:
             self.run.append((decoded, decoded if raw is None else raw))
+            self.raws.append(decoded if raw is None else raw)
+
+    def raw(self) -> str:
+        """Everything read so far as it was written: text in its raw form and markup, in order."""
+        return "".join(self.raws)
 
     def open(self, markup: str, key: object, kind: str = MARKUP) -> int:
         """A span opening here (its index)."""
         self._flush_run()
+        self.raw_spans[len(self.spans)] = [len(self.raws), 0]
+        self.raws.append(markup)
         index = self._add(markup, kind)
         self.stack.append((index, key, len(self.chars)))
         self.open_keys[key] = self.open_keys.get(key, 0) + 1
@@ -110,10 +119,12 @@ class UnitBuilder:
         if not self.is_open(key):
             return False
         self._flush_run()
+        self.raws.append(markup)
         while self.stack[-1][1] != key:
             self._to_void(self._pop()[0])
         index = self._pop()[0]
         self.spans[index][1], self.spans[index][3] = self.length, markup
+        self.raw_spans[index][1] = len(self.raws)
         return True
 
     def atom(self, markup_end: str, key: object) -> bool:
@@ -123,26 +134,27 @@ class UnitBuilder:
         if not self.is_open(key):
             return False
         self._flush_run()
+        self.raws.append(markup_end)
         while self.stack[-1][1] != key:
             self._to_void(self._pop()[0])
         index, _, at = self._pop()
         text_at = self.spans[index][0]
-        parents = self._parents()[index + 1:]
-        inner = [Span(a - text_at, b - text_at, o, c, p - index - 1 if p > index else -1, r, kind)
-                 for (a, b, o, c, _, r, kind), p in zip(self.spans[index + 1:], parents)]  # (all closed now)
         self.voided = {v for v in self.voided if v < index}
-        raw = self.spans[index][2] + render_unit("".join(self.chars[at:]), inner)
+        raw = "".join(self.raws[self.raw_spans[index][0]:])  # (its opening markup to markup_end, as written)
+        self.raw_spans = {k: v for k, v in self.raw_spans.items() if k <= index}
         del self.spans[index + 1:]
         del self.chars[at:]
         self.length = text_at
         self.pending_break = None
-        self.spans[index][1:4] = [text_at, raw + markup_end, ""]
+        self.spans[index][1:4] = [text_at, raw, ""]
+        self.raw_spans[index][1] = 0  # (a void now: never merged again)
         return True
 
     def void(self, markup: str, line_break: bool = False, stand_in: bool = False, kind: str = MARKUP) -> int:
         """A void span (its index). line_break: it separates words; when no whitespace is next to it, a
         stand-in space goes into the text (stand_in: always; the markup then holds the whitespace itself)."""
         self._flush_run()
+        self.raws.append(markup)
         index = self._add(markup, kind)
         if stand_in:
             self._stand_in(index)
@@ -150,16 +162,20 @@ class UnitBuilder:
             self.pending_break = index
         return index
 
-    def finish(self, escape: Optional[Callable[[str], str]] = None) -> Unit:
+    def finish(self) -> Unit:
         """The unit; an inline element whose text has no letter (`<sup>[22]</sup>`, `**2024**`) becomes one void,
-        its text written with `escape` (the document's: it is no longer the model's to read)."""
+        written as it was (it is no longer the model's to read)."""
         self._flush_run()
         while self.stack:
             self._to_void(self._pop()[0])
         parents = self._parents()
         spans = [Span(s, e, o, c, parents[k], r, MARKUP if kind == EMPHASIS and not c else kind)
                  for k, (s, e, o, c, _, r, kind) in enumerate(self.spans)]
-        unit, self.renumbered = collapse_letterless(Unit("".join(self.chars), spans), escape)
+        def raw(k: int) -> Optional[str]:
+            first, end = self.raw_spans.get(k, (0, 0))
+            return "".join(self.raws[first:end]) if end else None
+
+        unit, self.renumbered = collapse_letterless(Unit("".join(self.chars), spans), raw)
         return unit
 
     def _parents(self) -> list[int]:
@@ -214,22 +230,31 @@ class UnitBuilder:
             self._append(decoded[cursor:])
 
 
-def collapse_letterless(unit: Unit, escape: Optional[Callable[[str], str]] = None) -> tuple[Unit, Optional[dict[int, int]]]:
+def collapse_letterless(unit: Unit, raw: Callable[[int], Optional[str]]) -> tuple[Unit, Optional[dict[int, int]]]:
     """unit with each outermost non-void span whose text has something but no letter (a footnote
-    marker, a number) made one void: its markup, its text (written with escape) and everything
-    inside it, verbatim. Such text is never the model's to translate; placed as one piece, it
-    comes back as it was. Also returns each kept span's new index (None: nothing changed)."""
+    marker, a number) made one void: raw(k), the span as written with everything inside it (None:
+    not known, the span stays). Such text is never the model's to translate; placed as one piece,
+    it comes back as it was. Also returns each kept span's new index (None: nothing changed)."""
     text, spans = unit.text, unit.spans
     gone: set[int] = set()
     roots: list[int] = []
+    markup: dict[int, str] = {}
     for k, span in enumerate(spans):  # (parents come before their children)
         if span.parent in gone:
             gone.add(k)
         elif span.close and text[span.start:span.end].strip() and letterless(text[span.start:span.end]):
-            roots.append(k)
-            gone.add(k)
+            written = raw(k)
+            if written is not None:
+                markup[k] = written
+                roots.append(k)
+                gone.add(k)
     if not roots:
         return unit, None
+    holds_url, top = set(), {}
+    for j, span in enumerate(spans):  # (descendants follow their ancestors: each root's subtree in one pass)
+        top[j] = j if j in markup else top.get(span.parent)
+        if span.kind == PLACEHOLDER and top[j] is not None:
+            holds_url.add(top[j])
     keep = [k for k in range(len(spans)) if k not in gone or k in roots]
     index = {k: n for n, k in enumerate(keep)}
     cuts = [(spans[k].start, spans[k].end) for k in roots]  # (in order, none inside another)
@@ -243,24 +268,13 @@ def collapse_letterless(unit: Unit, escape: Optional[Callable[[str], str]] = Non
             return cuts[n][0] - removed[n]
         return p - removed[n]
 
-    markup: dict[int, str] = {}
-    for k in roots:
-        root = spans[k]
-        subtree, j = {k}, k + 1  # (a span's descendants follow it in the list)
-        while j < len(spans) and spans[j].parent in subtree:
-            subtree.add(j)
-            j += 1
-        inner = {j: n for n, j in enumerate(range(k + 1, j))}
-        sub = [replace(spans[j], start=spans[j].start - root.start, end=spans[j].end - root.start,
-                       parent=inner.get(spans[j].parent, -1)) for j in inner]
-        markup[k] = root.open + render_unit(text[root.start:root.end], sub, escape) + root.close
     out = []
     for k in keep:
         span = spans[k]
         parent = index.get(span.parent, -1)
-        if k in markup:
+        if k in markup:  # (one that holds a URL is kept apart from the words around it as the URL would be)
             at = moved(span.start)
-            out.append(Span(at, at, markup[k], "", parent, False, MARKUP))
+            out.append(Span(at, at, markup[k], "", parent, False, PLACEHOLDER if k in holds_url else MARKUP))
         else:
             out.append(replace(span, start=moved(span.start), end=moved(span.end), parent=parent))
     cut_text, at = [], 0

@@ -29,6 +29,7 @@ Escape = Callable[[str], str]
 MARKUP = ""  # a tag, a link, anything written around or at its place
 PLACEHOLDER = "placeholder"  # a URL or an e-mail address (void): what it reads back as must be what it was
 SOFT_BREAK = "soft"  # a line end inside a Markdown paragraph: a space to CommonMark, left out of a translation
+HARD_BREAK = "hard"  # a Markdown hard line break: only between two words of its parent (else left out)
 EMPHASIS = "emphasis"  # a Markdown delimiter run (*, _, **, __, ~~): CommonMark's flanking rules hold at its edges
 
 OPENING = "([{¿¡«“‘„‚\"'"  # punctuation a following word leans on: no space is needed after it
@@ -37,7 +38,7 @@ TRAILING = ".,;:!?'\"»”’…"  # what may follow a URL without becoming part
 # scripts written without spaces between words: no space is put beside markup there
 UNSPACED_CLASS = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
 UNSPACED = re.compile(f"[{UNSPACED_CLASS}]")
-GLUES = "@.-/_"  # characters a URL or an e-mail address is not detected after (placeholders' lookbehind)
+GLUES = "@.-/_!#$%&'*+=?^`{|}~"  # besides letters and digits: what a URL or an e-mail address is not found after
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class Span:
     the index of the enclosing span in the same list, -1 at the top. `replaces_space` (a line break
     between words: `<br>`, a Markdown line end): the text holds one whitespace character right after
     the span as a stand-in that the model reads, and render_unit writes the markup instead of it.
-    `kind`: MARKUP, PLACEHOLDER, SOFT_BREAK or EMPHASIS (above). `pad_before`, `pad_after`: set by
+    `kind`: MARKUP, PLACEHOLDER, SOFT_BREAK, HARD_BREAK or EMPHASIS (above). `pad_before`, `pad_after`: set by
     placement where the source had whitespace at that edge; render_unit keeps a space there.
     `guard`: set by placement on a placeholder: render_unit keeps the words around it from joining it.
     """
@@ -118,8 +119,11 @@ def punctuation(char: str) -> bool:
     return unicodedata.category(char)[0] in "PS"
 
 
+_LINE_END = re.compile(r"\n[ \t>]*\Z")  # markup ending a line (and the next line's container prefix)
+
+
 def _glues(char: str) -> bool:
-    return char.isalnum() or char in GLUES
+    return bool(char) and (char.isalnum() or char in GLUES)
 
 
 class _Writer:
@@ -131,53 +135,82 @@ class _Writer:
         self.cursor = 0  # how much of target is written
         self.last = ""  # the last character written, text or markup ("" at the start of the unit)
         self.last_text = ""  # the last character of target written
-        self.pad = False  # a space is owed before the next text that is a word
+        self.kind = ""  # what was written last: "text", "open", "end" (a close or a void), "" (nothing)
+        self.pad = False  # a space is owed before the next word
         self.guard = False  # a placeholder was written: the next text must not continue it
-        self.ended = False  # the last thing written ended an element (a close or a void): no text since
-        self.opened = False  # the last thing written opened an element: a space here would be inside it
+        self.gap = False  # whitespace was written since the last character of target
+        self.strict = False  # a delimiter run after punctuation was written: what follows is whitespace or punctuation
+        self.line_start = True  # no text written since the unit's start or a line break
+
+    def _wordish(self, char: str) -> bool:
+        """Whether an owed space goes before this character (not before whitespace, closing punctuation,
+        or between characters of scripts written without spaces)."""
+        return bool(char) and not char.isspace() and char not in CLOSING and \
+            not (UNSPACED.match(char) or UNSPACED.match(self.last_text or " "))
 
     def text(self, upto: int) -> None:
         if upto <= self.cursor:
             return
         piece = self.target[self.cursor:upto]
-        first = piece[0]
-        lead = getattr(self.escape, "lead", None) if not self.out else None  # (the first thing written: a line's start)
         after = self.target[upto] if upto < len(self.target) else ""
-        if (self.pad and not first.isspace() and first not in CLOSING and not UNSPACED.match(first)
-                and not UNSPACED.match(self.last_text or " ")) or \
-                (self.guard and not first.isspace() and not _ends_a_url(piece, after)):
-            self.markup(" ")
+        if (self.pad and self._wordish(piece[0])) or (self.guard and not piece[0].isspace() and not _ends_a_url(piece, after)) \
+                or (self.strict and not piece[0].isspace() and not punctuation(piece[0])) \
+                or (self.kind == "end" and self.last == "]" and piece[0] in "[("):
+            self._write(" ")
         written = self.escape(piece)
-        self.out.append(lead(written) if lead is not None else written)
-        self.cursor, self.last, self.last_text = upto, piece[-1], piece[-1]
-        self.pad = self.guard = self.ended = self.opened = False
+        lead = getattr(self.escape, "lead", None) if self.line_start else None  # (at a line's start: the unit's, a break's)
+        if lead is not None:
+            written = lead(written)
+        self.cursor = upto
+        if written:
+            self.line_start = False
+            self._write(written)
+            self.last_text, self.kind, self.gap = piece[-1], "text", written[-1].isspace()
+            self.pad = self.guard = self.strict = False
 
-    def markup(self, text: str, sibling: bool = False) -> None:
-        """Markup written as it is. sibling: it follows, with no text between, the end of another
-        element: where both are made of the same delimiter character (two code spans, two emphasis
-        runs), a space keeps them apart (`a``b` would be one code span, **a***b* one run)."""
-        if text:
-            if sibling and self.last == text[0] and text[0] in "`*_~":
-                self.out.append(" ")
-            self.out.append(text)
-            self.last = text[-1]
-            self.ended = False
+    def _write(self, text: str) -> None:
+        if text[0].isspace() or punctuation(text[0]):  # (what a delimiter run after punctuation may meet)
+            self.strict = False
+        self.out.append(text)
+        self.last = text[-1]
+        self.gap = self.gap or any(c.isspace() for c in text)
+        if self.last.isspace():  # (whitespace written, a line break in markup too, pays what a space was owed)
+            self.pad = False
 
-    def space_before(self, span: Span) -> None:
+    def markup(self, text: str, kind: str, starts: bool = False) -> None:
+        """Markup written as it is, of kind "open" or "end" (starts: it opens an element or is a void).
+        A start right after another element's end
+        with the same delimiter character (two code spans, two emphasis runs) is kept apart by a
+        space: `a``b` would be one code span, **a***b* one run; so is a [ or ( after a ]."""
+        if not text:
+            return
+        if self.kind == "end" and starts and (self.last == text[0] and text[0] in "`*_~" or self.last == "]" and text[0] in "[("):
+            self._write(" ")  # ([a][b] and [a](b) would be one link)
+        self._write(text)
+        self.kind = kind
+        if kind == "end":  # (a close or a void may end text of its own: "2024" in <b>2024</b>; whitespace since counts from here)
+            self.gap = text[-1].isspace()
+        self.line_start = _LINE_END.search(text) is not None  # (after a line break's markup, the next text starts a line)
+
+    def space_before(self, span: Span, inner: str = "", leads: bool = False) -> None:
         """Before a span's opening markup: a space owed by what came before (pad, guard: paid before the
-        markup, not inside it), or one where the source had one and the target has none."""
+        markup, not inside it), or one where the source had one and the target has none. inner: the
+        markup written first inside the span, if a child starts where it does; leads: a placeholder
+        is written before any text of the span (it, or a child at its start)."""
         nxt = self.target[self.cursor] if self.cursor < len(self.target) else ""
         after = self.target[self.cursor + 1] if self.cursor + 1 < len(self.target) else ""
-        if nxt and ((self.pad and not nxt.isspace() and nxt not in CLOSING and not UNSPACED.match(nxt)) or
-                    (self.guard and not nxt.isspace() and not _ends_a_url(nxt, after))):
-            self.markup(" ")
+        if self.pad or self.guard:  # (what follows a placeholder, markup too, may read as part of it: apart)
+            owed = span.guard or (self.pad and self._wordish(nxt)) or (self.guard and not span.open[:1].isspace())
             self.pad = self.guard = False
-            return
-        if span.guard and self.last_text and _glues(self.last):
-            self.markup(" ")
-        elif span.pad_before and not self.opened and self.last and not self.last.isspace() and self.last not in OPENING and \
-                (span.start == span.end or not nxt.isspace()) and not UNSPACED.match(nxt or " ") and not UNSPACED.match(self.last_text or " "):
-            self.markup(" ")
+            if owed:
+                self._write(" ")
+                return
+        if leads and self.last and not self.gap and (self.kind == "end" or _glues(self.last_text)):
+            self._write(" ")  # (markup renders as nothing, or as text that may end in a letter: apart either way)
+        elif span.pad_before and self.kind in ("text", "end") and not self.last.isspace() and self.last not in OPENING and \
+                (span.start == span.end or not nxt.isspace() or inner) and not UNSPACED.match(nxt or " ") and \
+                not UNSPACED.match(self.last_text or " "):
+            self._write(" ")
 
     def space_after(self, span: Span) -> None:
         """After a span's closing markup: the next word is kept apart (pad_after), and nothing
@@ -189,21 +222,35 @@ class _Writer:
 
 
 def _ends_a_url(piece: str, after: str) -> bool:
-    """Whether text starting with `piece` (then `after`) may follow a URL without extending it:
-    a closing bracket, or sentence punctuation followed by whitespace or the end."""
-    first = piece[0]
-    if first in ")]}<>\"":
-        return True
-    if first in TRAILING:
-        rest = piece[1:] or after
-        return not rest or rest[0].isspace() or rest[0] in TRAILING or rest[0] in ")]}"
-    return False
+    """Whether text starting with `piece` (then `after`) may follow a URL without extending it: what
+    comes after a run of sentence punctuation and closing brackets (which a URL read back sheds) is
+    whitespace, the end, or a character a URL never holds (< > ")."""
+    k = 0
+    while k < len(piece) and (piece[k] in TRAILING or piece[k] in ")]}"):
+        k += 1
+    rest = piece[k:] or after
+    return not rest or rest[0].isspace() or rest[0] in '<>"'
+
+
+def _run_before_punctuation(markup: str, following: str) -> bool:
+    """Whether markup starts with a delimiter run (*, _, ~) followed by punctuation (in it, or what follows it)."""
+    run = len(markup) - len(markup.lstrip("*_~"))
+    nxt = markup[run:run + 1] or following
+    return bool(run and nxt and punctuation(nxt))
+
+
+def _run_after_punctuation(markup: str, preceding: str) -> bool:
+    """Whether markup ends with a delimiter run that punctuation comes before (in it, or what was written before it)."""
+    run = len(markup) - len(markup.rstrip("*_~"))
+    prev = markup[:len(markup) - run][-1:] or preceding
+    return bool(run and prev and punctuation(prev))
 
 
 def render_unit(target: str, spans: Sequence[Span], escape: Optional[Escape] = None) -> str:
     """`target` with each span's markup written around its range (voids at their place), siblings in
     order of position. escape: applied to the text between markup (HTML escaping), not to markup;
-    its `lead`, where it has one, to the text the unit starts with (Markdown's block markers). Invalid spans (crossing, outside the text or their parent) are a ValueError."""
+    its `lead`, where it has one, to the text the unit starts with (Markdown's block markers).
+    Invalid spans (crossing, outside the text or their parent) are a ValueError."""
     children = check_spans(target, spans)
     w = _Writer(target, escape or (lambda s: s))
     stack: list[tuple[int, object]] = [(-1, iter(children[-1]))]
@@ -213,25 +260,31 @@ def render_unit(target: str, spans: Sequence[Span], escape: Optional[Escape] = N
         if child is not None:
             span = spans[child]
             w.text(span.start)
-            w.space_before(span)
-            if span.kind == EMPHASIS:  # a run followed by punctuation opens only after a space or punctuation
-                kids = children[child]
-                inside = spans[kids[0]].open[:1] if kids and spans[kids[0]].start == span.start and spans[kids[0]].open else \
-                    target[span.start:span.start + 1]
-                if inside and punctuation(inside) and w.last and not (w.last.isspace() or punctuation(w.last)):
-                    w.markup(" ")
-            w.markup(span.open, sibling=w.ended)
-            w.ended, w.opened = span.void, not span.void
+            kids = children[child]
+            inner = spans[kids[0]].open if kids and spans[kids[0]].start == span.start else ""
+            leads, first = span.guard, child  # a placeholder right inside it: kept apart before its markup, not in it
+            while not leads and children[first] and spans[children[first][0]].start == span.start:
+                first = children[first][0]
+                leads = spans[first].guard
+            if span.open or span.close:  # (markup left out of a translation, a soft line break, asks for nothing)
+                w.space_before(span, inner, leads)
+            # a delimiter run (*, _, ~) followed by punctuation opens only after whitespace or punctuation (CommonMark)
+            if _run_before_punctuation(span.open, inner[:1] or target[span.start:span.start + 1]) and w.last and \
+                    not (w.last.isspace() or punctuation(w.last)):
+                w.markup(" ", "text")
+            w.markup(span.open, "end" if span.void else "open", starts=True)
+            if span.void and _run_after_punctuation(span.open, w.last_text):
+                w.strict = True
             stack.append((child, iter(children[child])))
             continue
         stack.pop()
         if index >= 0:
             span = spans[index]
-            w.text(span.end)
-            if span.kind == EMPHASIS and w.last and punctuation(w.last):
-                w.pad = True  # a run after punctuation closes only before a space or punctuation
-            w.markup(span.close)
-            w.ended, w.opened = True, False
+            if not span.void:
+                w.text(span.end)
+                before = w.last  # a run after punctuation closes only before whitespace or punctuation
+                w.markup(span.close, "end")
+                w.strict = w.strict or _run_after_punctuation(span.close, before)
             if span.replaces_space and w.cursor < len(target) and target[w.cursor].isspace():
                 w.cursor += 1
             w.space_after(span)
