@@ -3,6 +3,7 @@
 the bible test set, for each checkpoint given, in one run.
 
     python bench/documents.py --checkpoint runs/demo/best.pt [--checkpoint runs/small20/best.pt] [--lines 2251]
+    python bench/documents.py --real --checkpoint runs/demo/best.pt      # real documents: documents_real.py
 
 - paragraphs: the test verses joined 5 to a paragraph (one paragraph a line), translated with the
   default options (--split-sentences auto) and with never, scored against the references joined the
@@ -81,12 +82,13 @@ def paragraphs(items: list[str], size: int = 5) -> list[str]:
 def measure(a, path: Path, src: list[str], ref: list[str]) -> dict:
     from seqtool.config import SearchOptions
     from seqtool.documents import span_words
-    from seqtool.markup import protect
+    from seqtool.documents import protect
+    from seqtool.pipeline import TextPolicy
     from seqtool.translate import Translator
 
     t = Translator.load(path, device="cpu", threads=a.threads, beam=5)
     out: dict = {"precision": t.config.precision}
-    t.translate_lines(0, src[:16], split="never")  # warm-up
+    t.translate_lines(0, src[:16], policy=TextPolicy("never"))  # warm-up
 
     def timed(fn):
         t0 = time.perf_counter()
@@ -94,10 +96,10 @@ def measure(a, path: Path, src: list[str], ref: list[str]) -> dict:
         return value, time.perf_counter() - t0
 
     # verses one by one (lines whole, as today), paragraphs auto and never
-    verses, out["verses_s"] = timed(lambda: [x.texts[0] if x.texts else "" for x in t.translate_lines(0, src, split="never")])
+    verses, out["verses_s"] = timed(lambda: [x.texts[0] if x.texts else "" for x in t.translate_lines(0, src, policy=TextPolicy("never"))])
     paras, refs5 = paragraphs(src), paragraphs(ref)
-    auto, out["paragraphs_s"] = timed(lambda: [x.texts[0] if x.texts else "" for x in t.translate_lines(0, paras, split="auto")])
-    never = [x.texts[0] if x.texts else "" for x in t.translate_lines(0, paras, split="never")]
+    auto, out["paragraphs_s"] = timed(lambda: [x.texts[0] if x.texts else "" for x in t.translate_lines(0, paras, policy=TextPolicy("auto"))])
+    never = [x.texts[0] if x.texts else "" for x in t.translate_lines(0, paras, policy=TextPolicy("never"))]
     out["bleu_joined_verses"] = bleu(paragraphs(verses), refs5)
     out["bleu_paragraphs_auto"] = bleu(auto, refs5)
     out["bleu_paragraphs_never"] = bleu(never, refs5)
@@ -132,7 +134,7 @@ def measure(a, path: Path, src: list[str], ref: list[str]) -> dict:
     translated, out["html_s"] = timed(lambda: t.translate_document(doc, "html", split="never"))
     # speed: each of the three once more in each of a.rounds - 1 rounds, in rotated order (a slow spell of the
     # machine falls on different ones), the median of each; the ratios compare the medians
-    jobs = {"verses_s": lambda: t.translate_lines(0, src, split="never"), "paragraphs_s": lambda: t.translate_lines(0, paras, split="auto"),
+    jobs = {"verses_s": lambda: t.translate_lines(0, src, policy=TextPolicy("never")), "paragraphs_s": lambda: t.translate_lines(0, paras, policy=TextPolicy("auto")),
             "html_s": lambda: t.translate_document(doc, "html", split="never")}
     times = {k: [out[k]] for k in jobs}
     for r in range(1, a.rounds):
@@ -193,7 +195,7 @@ def measure(a, path: Path, src: list[str], ref: list[str]) -> dict:
         words = s.split(" ")
         at = rng.randrange(len(words) + 1)
         with_things.append(" ".join(words[:at] + [thing] + words[at:]))
-    got_lines = [x.texts[0] if x.texts else "" for x in t.translate_lines(0, with_things, split="auto")]
+    got_lines = [x.texts[0] if x.texts else "" for x in t.translate_lines(0, with_things, policy=TextPolicy("auto"))]
     out["placeholders"] = sum(thing in g for thing, g in zip(things, got_lines)) / len(things)
     log(f"Markdown: missing {out['markdown_kept'] or 'nothing'}; placeholders verbatim {out['placeholders']:.1%}")
     return out
@@ -207,7 +209,14 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-results", action="store_true")
     parser.add_argument("--rounds", type=int, default=5, help="timings of plain, paragraphs and HTML, median taken (default 5)")
+    parser.add_argument("--real", action="store_true", help="real documents through the CLI and the server instead (documents_real.py)")
+    parser.add_argument("--limit", type=int, default=None, help="with --real: at most this many documents of each collection")
     a = parser.parse_args()
+    if a.real:
+        import documents_real
+
+        a.checkpoint = a.checkpoint[0]
+        return documents_real.measure(a)
     from seqtool.device import cpu_bf16_instructions, cpu_capability
 
     src = gzip.open(a.data / "test.es.gz", "rt", encoding="utf-8").read().splitlines()[: a.lines]

@@ -268,20 +268,31 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
         if parent >= 0 and not atom[parent]:
             wish[parent] = (min(wish[parent][0], wish[k][0]), max(wish[parent][1], wish[k][1]))
     wordy = [not atom[k] and has_words(text[s.start:s.end]) for k, s in enumerate(spans)]
-    # 2. nesting and order, top down
+    # 2. nesting and order, top down. Each sibling with words gets one of the target (where it has enough), and
+    # so does each stretch of source text with words between two atoms (`x` or `y`: a word stays between them).
     ranges: list[tuple[int, int]] = [(0, 0)] * len(spans)
     dropped: set[int] = set()  # Markdown line breaks with no two words around them: left out (a space stays)
+    source_words, target_words = _alnum_prefix(text), _alnum_prefix(target)
+
+    def words_between(a: int, b: int, counts: list[int]) -> bool:
+        return a < b and counts[b] > counts[a]
+
     todo = [(-1, 0, len(target))]
     while todo:
         parent, low, high = todo.pop()
         kids = sorted(children[parent], key=lambda k: (spans[k].start, k))  # (their order in the source)
-        needing = sum(1 for k in kids if wordy[k])  # siblings still to come that need a word of the target
+        gaps = [n > 0 and atom[kids[n - 1]] and atom[k] and words_between(spans[kids[n - 1]].end, spans[k].start, source_words)
+                for n, k in enumerate(kids)]
+        needing = sum(wordy[k] for k in kids) + sum(gaps)
         cursor = line = low  # (line: where the current line of the parent starts, after its last hard break)
         content = False  # a sibling other than a line break was placed since the line started
         for n, k in enumerate(kids):
-            needing -= wordy[k]  # (the wordy siblings after this one: their words are kept free of it)
+            needing -= wordy[k] + gaps[n]  # (what comes after this one needs words: they are kept free of it)
             first, last = geometry.words_in(cursor, high)
-            spare = last - needing  # the first of the words kept for them
+            if gaps[n] and first < last and not words_between(cursor, max(wish[k][0], cursor), target_words):
+                cursor = geometry.word_ends[first]  # (a word of the text before it stays before it)
+                first += 1
+            spare = last - needing  # the first of the words kept for what follows
             limit = max(geometry.word_starts[spare], cursor) if needing and spare - wordy[k] >= first else high
             if atom[k]:
                 a = min(max(wish[k][0], cursor), limit)
@@ -301,7 +312,7 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
                 continue
             a = min(max(wish[k][0], cursor), limit)
             b = min(max(wish[k][1], a), limit)
-            if not (has_words(target[a:b]) if wordy[k] else target[a:b].strip()):  # give it a word: the first free one
+            if not (words_between(a, b, target_words) if wordy[k] else target[a:b].strip()):  # give it a word: the first free one
                 i, j = geometry.words_in(cursor, limit)
                 if i < j:
                     w = min(bisect.bisect_left(geometry.word_starts, a), j - 1)
@@ -358,6 +369,14 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
             other = "_" if parent.open[0] == "*" else "*"
             out[span.parent] = replace(parent, open=other * len(parent.open), close=other * len(parent.close))
     return out
+
+
+def _alnum_prefix(text: str) -> list[int]:
+    """counts[i]: how many letters and digits text[:i] has (has text[a:b] any: counts[b] > counts[a])."""
+    counts = [0]
+    for c in text:
+        counts.append(counts[-1] + c.isalnum())
+    return counts
 
 
 def _inside(geometry: _Target, a: int, low: int, high: int, cursor: int, before: bool, after: bool) -> Optional[int]:
