@@ -211,6 +211,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="timings of plain, paragraphs and HTML, median taken (default 5)")
     parser.add_argument("--real", action="store_true", help="real documents through the CLI and the server instead (documents_real.py)")
     parser.add_argument("--limit", type=int, default=None, help="with --real: at most this many documents of each collection")
+    parser.add_argument("--cost-every", type=int, default=8, help="with --real: the cost is measured on every Nth document")
+    parser.add_argument("--cost-only", action="store_true", help="with --real: only the cost (no CLI or server runs)")
     a = parser.parse_args()
     if a.real:
         import documents_real

@@ -17,9 +17,9 @@ Markdown's structure as markdown-it reads it; URLs and e-mail addresses verbatim
 text unchanged; the share of text nodes (HTML) or blocks (Markdown) with letters that still have letters.
 Then a server on the same checkpoint answers LibreTranslate's /translate (format html, with and without
 alternatives) and /v1/translate (html or markdown) for every document: each must give the CLI's output.
-Last, the cost: the documents translated in-process against plain translation of the same text, a
-document at a time (each unit's text as a line, the same text policy), the median of --rounds timings in
-rotated order.
+Last, the cost: a sample of the documents translated in-process against plain translation of the same
+text, a document at a time (each unit's text as a line, the same text policy), the two back to back in each
+of --rounds rounds; the median of the rounds' ratios.
 
 Prints the CPU's capability and a table, appended to bench/results.md. Run on an idle machine.
 """
@@ -79,6 +79,12 @@ def measure(a) -> int:
     work = REPO / "bench" / "out" / "documents"
     docs = {name: items[: a.limit] for name, items in collections().items()}
     log(f"CPU {cpu}; " + ", ".join(f"{name}: {len(items)}" for name, items in docs.items()))
+    if a.cost_only:
+        cost = costs(a, {name: (read_document(data, choose_format("auto", name), name)[0], choose_format("auto", name))
+                         for items in docs.values() for name, data in items})
+        print(f"cost (CPU {cpu}), on every {a.cost_every}th document ({cost['documents_n']}): documents {cost['documents']:.1f} s, "
+              f"plain {cost['plain']:.1f} s; the median of the rounds' ratios {cost['ratio'] - 1:+.1%}")
+        return 0
     rows, outputs, sources = [], {}, {}
     for collection, items in docs.items():
         folder = work / collection.split()[0].lower()
@@ -121,8 +127,9 @@ def measure(a) -> int:
         *[f"| {c} | {n} | {f} | {b} | {k / max(h, 1):.1%} ({k}/{h}) | {s:.0f} |" for c, n, f, b, (h, k), s in rows], "",
         f"Server against the CLI, same outputs: /translate html {same['libre']}, /translate html with alternatives "
         f"{same['libre alternatives']}, /v1/translate {same['native']}.", "",
-        f"Cost: documents {cost['documents']:.1f} s against plain translation of the same text {cost['plain']:.1f} s "
-        f"({cost['documents'] / cost['plain'] - 1:+.1%}; medians of {a.rounds} rounds).", ""])
+        f"Cost, on every {a.cost_every}th document ({cost['documents_n']}): documents {cost['documents']:.1f} s against plain "
+        f"translation of the same text {cost['plain']:.1f} s (medians of {a.rounds} rounds); the median of the rounds' ratios "
+        f"{cost['ratio'] - 1:+.1%}.", ""])
     print(table)
     if not a.no_results:
         with open(REPO / "bench" / "results.md", "a", encoding="utf-8") as handle:
@@ -169,24 +176,31 @@ def server_agrees(a, sources: dict, outputs: dict) -> dict[str, str]:
 
 
 def costs(a, sources: dict) -> dict[str, float]:
-    """Seconds to translate every document in-process against the same text as plain lines (median of rounds)."""
+    """Seconds to translate documents in-process against the same text as plain lines, a document at a time:
+    every --cost-every-th document (a sample of each collection), --rounds rounds, the two jobs back to back
+    in each in rotated order; the ratio is the median of the rounds' ratios (a slow spell of a shared machine
+    falls on both jobs of a round)."""
     from seqtool import pipeline
     from seqtool.documents import parse
     from seqtool.translate import Translator
 
     translator = Translator.load(a.checkpoint, device="cpu", precision="fp32", threads=2)
+    sample = list(sources.values())[:: a.cost_every]
     # the same text as plain lines, a document at a time (as a user would translate its text): each unit a line
-    lines = [[u.text.replace("\n", " ") for u in parse(text, format).units] for text, format in sources.values()]
-    jobs = {"documents": lambda: [translator.translate_document(text, format) for text, format in sources.values()],
+    lines = [[u.text.replace("\n", " ") for u in parse(text, format).units] for text, format in sample]
+    jobs = {"documents": lambda: [translator.translate_document(text, format) for text, format in sample],
             "plain": lambda: [translator.translate_lines(0, each, policy=pipeline.TextPolicy()) for each in lines]}
+    jobs["plain"]()  # (warm-up)
     times: dict[str, list[float]] = {k: [] for k in jobs}
     for r in range(a.rounds):
         for k in list(jobs)[r % 2:] + list(jobs)[: r % 2]:
             start = time.perf_counter()
             jobs[k]()
             times[k].append(time.perf_counter() - start)
-    log("cost, seconds per round: " + ", ".join(f"{k} {' '.join(f'{x:.1f}' for x in v)}" for k, v in times.items()))
-    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    ratios = sorted(d / p for d, p in zip(times["documents"], times["plain"]))
+    log(f"cost on {len(sample)} documents, seconds per round: " + ", ".join(f"{k} {' '.join(f'{x:.1f}' for x in v)}" for k, v in times.items()))
+    return {"documents": sorted(times["documents"])[a.rounds // 2], "plain": sorted(times["plain"])[a.rounds // 2],
+            "ratio": ratios[len(ratios) // 2], "documents_n": len(sample)}
 
 
 if __name__ == "__main__":

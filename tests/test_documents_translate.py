@@ -239,3 +239,19 @@ def test_a_glossary_applies_to_every_sentence_of_a_document(tiny_checkpoint, tmp
 def test_markdown_nested_past_the_parser_limit_warns(tiny_checkpoint):
     code, out, err = translate(tiny_checkpoint, "--format", "markdown", stdin="a b\n\n" + "> " * 30 + "c d\n")
     assert code == 0 and "nested deeper than 20 levels" in err and "> " * 30 + "c d" in out
+
+
+def test_the_page_language_becomes_the_target_language(tiny_checkpoint, tmp_path):
+    """<html lang> names the language the page is now in (the checkpoint's target); the attributes people
+    read are translated, and kept with --keep-attributes."""
+    from seqtool import checkpoint
+
+    ckpt = checkpoint.load(tiny_checkpoint)
+    ckpt["configs"]["train"] = {**ckpt["configs"]["train"], "src_lang": "es", "tgt_lang": "en"}
+    path = tmp_path / "es-en.pt"
+    checkpoint.save(ckpt, path)
+    page = '<html lang="es"><body><p title="a b c">d e</p><img alt="f g" src="x.png"></body></html>'
+    code, out, err = translate(path, "--format", "html", stdin=page)
+    assert code == 0 and out.startswith('<html lang="en">') and 'title="a b c"' not in out and 'alt="f g"' not in out, err
+    code, out, err = translate(path, "--format", "html", "--keep-attributes", stdin=page)
+    assert code == 0 and out.startswith('<html lang="en">') and 'title="a b c"' in out and 'alt="f g"' in out, err

@@ -185,3 +185,31 @@ def test_pathological_input_of_100_kb_is_read_placed_and_written_in_linear_time(
     out = doc.render(checks.scrambled(doc))
     assert time.perf_counter() - start < 10, f"{name}: {time.perf_counter() - start:.1f} s"
     assert out
+
+
+# ---------------------------------------------------------------------------------------------
+# what the audit found, each on its own
+
+AUDIT = [
+    ("html", '<p>Usa <a href="x.html"><code>String</code></a> y <code>enum</code> en la tierra.</p>'),  # crashed: a span of only code
+    ("html", '<p>Visita <a href="/x"> https://example.com</a> hoy.</p>'),  # crashed: a URL after a space starting an element
+    ("html", '<p>Escribe a <a href="mailto:a@b.org"> ana@example.org</a>, <b>jose@localhost</b>.</p>'),
+    ("markdown", "Lee [`String`](https://doc.rust-lang.org/std/string/struct.String.html) y `&str` ahora.\n"),
+    ("markdown", "Ver [http://127.0.0.1:8000/docs](http://127.0.0.1:8000/docs) o [la guía][guía] o [guía][] o [guía].\n\n"
+                 "[guía]: https://example.org/g\n"),  # reference labels must still match their definition
+    ("html", "<table><tr><td>2024</td><td>Año de la cosecha</td><td>[22]</td></tr></table><ol><li>1.2.3</li></ol>"),
+    ("markdown", "| año | total |\n|---|---|\n| 2024 | 3.14 |\n\nNota al pie[^22] y `a` `b` juntos.\n"),
+    ("markdown", "**Dijo a él, “Tú** eres _el hombre\nde la casa_ hoy.\n"),  # emphasis across a line break
+    ("html", "<p>https://a.com https://b.com y https://x.org/a niños</p>"),  # URLs apart from each other and from words
+]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("format, doc_text", AUDIT)
+def test_what_the_audit_found_holds(format, doc_text):
+    doc = parse(doc_text, format)
+    assert doc.render(doc.identity()) == doc_text
+    out = doc.render(checks.scrambled(doc))
+    assert checks.problems(doc_text, out, format) == []
+    if "[guía]" in doc_text:
+        assert out.count("[guía]") == doc_text.count("[guía]") and "[guía][]" in out

@@ -269,7 +269,8 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
             wish[parent] = (min(wish[parent][0], wish[k][0]), max(wish[parent][1], wish[k][1]))
     wordy = [not atom[k] and has_words(text[s.start:s.end]) for k, s in enumerate(spans)]
     # 2. nesting and order, top down. Each sibling with words gets one of the target (where it has enough), and
-    # so does each stretch of source text with words between two atoms (`x` or `y`: a word stays between them).
+    # so does each stretch of source text with words beside an atom, between two (`x` or `y`: a word stays
+    # between them) or at an end ("Press <kbd>S</kbd> to search": a word stays before it and after it).
     ranges: list[tuple[int, int]] = [(0, 0)] * len(spans)
     dropped: set[int] = set()  # Markdown line breaks with no two words around them: left out (a space stays)
     source_words, target_words = _alnum_prefix(text), _alnum_prefix(target)
@@ -281,9 +282,11 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
     while todo:
         parent, low, high = todo.pop()
         kids = sorted(children[parent], key=lambda k: (spans[k].start, k))  # (their order in the source)
-        gaps = [n > 0 and atom[kids[n - 1]] and atom[k] and words_between(spans[kids[n - 1]].end, spans[k].start, source_words)
-                for n, k in enumerate(kids)]
-        needing = sum(wordy[k] for k in kids) + sum(gaps)
+        inner = (spans[parent].start, spans[parent].end) if parent >= 0 else (0, len(text))
+        gaps = [atom[k] and (n == 0 or atom[kids[n - 1]]) and words_between(spans[kids[n - 1]].end if n else inner[0], spans[k].start,
+                                                                           source_words) for n, k in enumerate(kids)]
+        tail = bool(kids) and atom[kids[-1]] and words_between(spans[kids[-1]].end, inner[1], source_words)
+        needing = sum(wordy[k] for k in kids) + sum(gaps) + tail
         cursor = line = low  # (line: where the current line of the parent starts, after its last hard break)
         content = False  # a sibling other than a line break was placed since the line started
         for n, k in enumerate(kids):
@@ -294,6 +297,8 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
                 first += 1
             spare = last - needing  # the first of the words kept for what follows
             limit = max(geometry.word_starts[spare], cursor) if needing and spare - wordy[k] >= first else high
+            if limit < wish[k][0] < high and geometry.word_ends[spare] > wish[k][0]:  # (inside that word: a point in "ab<x>cd")
+                limit = wish[k][0]
             if atom[k]:
                 a = min(max(wish[k][0], cursor), limit)
                 if spans[k].kind == HARD_BREAK:  # a Markdown line break stays inside its parent's content, or goes
