@@ -13,9 +13,11 @@ the segments by length and packs them with data.make_batches (the packer trainin
 results back in the segments' order and detokenizes them in one call.
 
 `encode` makes segments of text (one tokenizer call per chunk, cropped to the model's positions
-with a warning naming the segment); `split` and `join` cut a line into sentences and put their
-translations back together with the line's own whitespace (documents.py says where sentences
-end); documents go through documents.py's units, each unit's sentences becoming segments.
+with a warning naming the segment). `TextPolicy` is what happens to text before and after the model,
+the same for every front-end: `unit_segments` makes units (lines, or a document's blocks: the
+documents package reads them) into segments under it, and `assemble` / `lines_translated` put the
+translations back together (sentences joined with the unit's own whitespace, markup and
+placeholders placed by the alignments, every alternative).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""seqtool.documents and seqtool.markup: sentences, placeholders, spans placed by an alignment, and
+"""seqtool.documents: sentences, placeholders, spans placed by an alignment, and
 plain text, HTML and Markdown documents that come back byte for byte around their translated text."""
 
 import dataclasses

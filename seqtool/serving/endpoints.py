@@ -4,7 +4,7 @@ batcher, the limits, keys and metrics); app.py only routes HTTP to them, so each
 Every translation request goes the same way: its body read within the size limit and parsed off the
 event loop (schemas.parse), the key and the request rate admitted (access.py), its size checked
 (413) and its options checked against the bounds and the caps (422), its text work done in a worker
-thread (prepare.segments), then queued (batcher.py) and awaited until its results, its timeout (504:
+thread (prepare.lines, prepare.documents), then queued (batcher.py) and awaited until its results, its timeout (504:
 its segments are dropped, also from a running batch) or its client going away (499).
 """
 
