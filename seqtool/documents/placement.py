@@ -214,12 +214,12 @@ class _Placer:
         for n, step, gap in sides:
             hull = self.hull(n, n + 1, words=False)
             if hull is not None:
-                return self.target.over_space(hull[1] if step > 0 else hull[0], gap, step)
+                return self.target.over_space(self.target.snap(hull[1] if step > 0 else hull[0], step), gap, step)  # (never inside a word)
         n = self.nearest_aligned(prev, nxt + 1)
         if n is None:
             return self.last(p)
         hull = self.hull(n, n + 1, words=False)
-        return hull[1] if n < prev else hull[0]  # type: ignore[index]
+        return self.target.snap(hull[1], 1) if n < prev else self.target.snap(hull[0], -1)  # type: ignore[index]
 
     def place(self, span: Span) -> tuple[int, int]:
         """Where a span with words would like to go."""
@@ -350,10 +350,9 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
             continue
         changes = {}
         if not span.replaces_space and (atom[k] or a < b):  # (a span emptied by placement needs no room)
-            changes["pad_before"] = first[k] and ((span.start > 0 and text[span.start - 1].isspace()) or
-                                                  (span.start < span.end and text[span.start].isspace()))
-            changes["pad_after"] = last[k] and ((span.end < len(text) and text[span.end].isspace()) or
-                                                (span.start < span.end and text[span.end - 1].isspace()))
+            # kept apart from a word unless the source had it against one ("super<b>man</b>" stays glued)
+            changes["pad_before"] = first[k] and not (span.start > 0 and text[span.start - 1].isalnum())
+            changes["pad_after"] = last[k] and not (span.end < len(text) and text[span.end].isalnum())
         if span.kind == PLACEHOLDER:
             changes["guard"] = True
         if span.kind == EMPHASIS:
