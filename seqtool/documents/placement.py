@@ -207,6 +207,7 @@ class _Placer:
             return self.first(p)
         if nxt is None:
             return self.last(p)
+        inside = 0 < p < len(self.source) and self.source[p - 1].isalnum() and self.source[p].isalnum()
         sides = []
         sides.append((prev, 1, p - self.ends[prev]))
         next_first = self.starts[nxt] == p and p > self.ends[prev]
@@ -214,11 +215,14 @@ class _Placer:
         for n, step, gap in sides:
             hull = self.hull(n, n + 1, words=False)
             if hull is not None:
-                return self.target.over_space(self.target.snap(hull[1] if step > 0 else hull[0], step), gap, step)  # (never inside a word)
+                q = hull[1] if step > 0 else hull[0]  # (never inside a word, unless it was inside one)
+                return self.target.over_space(q if inside else self.target.snap(q, step), gap, step)
         n = self.nearest_aligned(prev, nxt + 1)
         if n is None:
             return self.last(p)
         hull = self.hull(n, n + 1, words=False)
+        if inside:
+            return hull[1] if n < prev else hull[0]  # type: ignore[index]
         return self.target.snap(hull[1], 1) if n < prev else self.target.snap(hull[0], -1)  # type: ignore[index]
 
     def place(self, span: Span) -> tuple[int, int]:
@@ -286,6 +290,9 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
         gaps = [atom[k] and (n == 0 or atom[kids[n - 1]]) and words_between(spans[kids[n - 1]].end if n else inner[0], spans[k].start,
                                                                            source_words) for n, k in enumerate(kids)]
         tail = bool(kids) and atom[kids[-1]] and words_between(spans[kids[-1]].end, inner[1], source_words)
+        first, last = geometry.words_in(low, high)
+        if last - first < sum(wordy[k] for k in kids) + sum(gaps) + tail:  # too few words for every gap: as the alignment says
+            gaps, tail = [False] * len(kids), False
         needing = sum(wordy[k] for k in kids) + sum(gaps) + tail
         cursor = line = low  # (line: where the current line of the parent starts, after its last hard break)
         content = False  # a sibling other than a line break was placed since the line started
@@ -362,14 +369,15 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
             elif "_" in span.open and ((a > 0 and target[a - 1].isalnum()) or (b < len(target) and target[b].isalnum())):
                 changes["open"], changes["close"] = span.open.replace("_", "*"), span.close.replace("_", "*")  # (inside a word)
             elif parent is not None and parent.kind == EMPHASIS and parent.open[:1] == span.open[:1] and span.open[:1] in ("*", "_") \
-                    and not (a > 0 and target[a - 1].isalnum()) and not (b < len(target) and target[b].isalnum()):
+                    and not (a > 0 and target[a - 1].isalnum() and not changes.get("pad_before")) \
+                    and not (b < len(target) and target[b].isalnum() and not changes.get("pad_after")):  # (_ is not read in a word)
                 other = "_" if span.open[:1] == "*" else "*"  # *a *b* c*: which * closes which is a guess; *a _b_ c* is not
                 changes["open"], changes["close"] = other * len(span.open), other * len(span.close)
         out.append(replace(span, start=a, end=b, **changes))
-    for k, span in enumerate(out):  # a verbatim piece at an emphasis's edge that ends in its delimiter: **2024*... -> _..._
+    for k, span in enumerate(out):  # a verbatim piece in an emphasis that starts or ends with its delimiter: **2024*... -> _..._
         parent = out[span.parent] if span.parent >= 0 else None
         if span.void and parent is not None and parent.kind == EMPHASIS and parent.open[:1] in ("*", "_") and span.open and \
-                ((span.start == parent.start and span.open[0] == parent.open[0]) or (span.end == parent.end and span.open[-1] == parent.open[0])):
+                parent.open[0] in (span.open[0], span.open[-1]):
             other = "_" if parent.open[0] == "*" else "*"
             out[span.parent] = replace(parent, open=other * len(parent.open), close=other * len(parent.close))
     return out
