@@ -24,6 +24,7 @@ count, order, markup and parents) over `target`, always valid for render_unit, f
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import unicodedata
 from dataclasses import replace
@@ -34,6 +35,7 @@ from .spans import EMPHASIS, HARD_BREAK, PLACEHOLDER, SOFT_BREAK, UNSPACED, UNSP
 # in scripts written without spaces between words, a "word" is one character
 _WORD = re.compile(f"[{UNSPACED_CLASS}]|(?:(?![{UNSPACED_CLASS}])[^\\W_])+")
 SHORT_SPAN = 4  # tokens: a span over at most this many wraps one unbroken run of their translations' tokens
+_RUNS = re.compile(r"\s+|\S+")
 LONG_SPAN = 64  # tokens: a span over more is placed by the hull of all its tokens' translations (no run search)
 
 
@@ -58,20 +60,15 @@ class _Target:
         self.word_starts = [a for a, _ in words]
         self.word_ends = [b for _, b in words]
         n = len(text)
-        self.space_end = [0] * (n + 1)  # position p: the end of the whitespace run starting at p
-        self.space_start = [0] * (n + 1)  # position p: the start of the whitespace run ending at p
-        self.space_end[n] = n
-        for p in range(n - 1, -1, -1):
-            self.space_end[p] = self.space_end[p + 1] if text[p].isspace() else p
-        for p in range(n + 1):
-            self.space_start[p] = self.space_start[p - 1] if p and text[p - 1].isspace() else p
-        self.solid_end = [0] * (n + 1)  # position p: the end of the run of non-whitespace starting at p
-        self.solid_start = [0] * (n + 1)  # position p: the start of the run of non-whitespace ending at p
-        self.solid_end[n] = n
-        for p in range(n - 1, -1, -1):
-            self.solid_end[p] = p if text[p].isspace() else self.solid_end[p + 1]
-        for p in range(n + 1):
-            self.solid_start[p] = p if not p or text[p - 1].isspace() else self.solid_start[p - 1]
+        # position p: the end of the whitespace run starting at p, the start of the one ending at p; the
+        # same for runs of anything else (built a run at a time: a unit of any length costs little)
+        self.space_end, self.space_start = list(range(n + 1)), list(range(n + 1))
+        self.solid_end, self.solid_start = list(range(n + 1)), list(range(n + 1))
+        for run in _RUNS.finditer(text):
+            a, b = run.span()
+            ends, starts = (self.space_end, self.space_start) if text[a].isspace() else (self.solid_end, self.solid_start)
+            ends[a:b] = [b] * (b - a)
+            starts[a + 1:b + 1] = [a] * (b - a)
 
     def snap(self, position: int, step: int) -> int:
         """`position` moved out of the word it is inside (left: step -1; right: 1)."""
@@ -142,11 +139,16 @@ class _Placer:
         self.ends = [b for _, b, _ in order]
         self.index = [i for _, _, i in order]
         self.aligned = [n for n, i in enumerate(self.index) if i in self.links]  # positions of aligned tokens
-        inf = float("inf")
-        lows = [min((self.tgt[j][0] for j in self.links.get(i, [])), default=inf) for i in self.index]  # type: ignore[index]
-        highs = [max((self.tgt[j][1] for j in self.links.get(i, [])), default=-inf) for i in self.index]  # type: ignore[index]
-        self.extent = _SparseExtent(lows, highs) if self.index else None
+        self._extent: Optional[_SparseExtent] = None  # built when a span of more than LONG_SPAN tokens asks
         self.target_inner = (len(target.text) - len(target.text.lstrip()), len(target.text.rstrip()))
+
+    def extent(self) -> _SparseExtent:
+        if self._extent is None:
+            inf = float("inf")
+            lows = [min((self.tgt[j][0] for j in self.links.get(i, [])), default=inf) for i in self.index]  # type: ignore[index]
+            highs = [max((self.tgt[j][1] for j in self.links.get(i, [])), default=-inf) for i in self.index]  # type: ignore[index]
+            self._extent = _SparseExtent(lows, highs)
+        return self._extent
 
     def first(self, p: int) -> int:
         """Where a point with no token before it goes: as far into the target's leading whitespace as it was."""
@@ -165,8 +167,8 @@ class _Placer:
         translates wrap only words of its translation. A run of a span over more than SHORT_SPAN
         tokens may have gaps of half its length (words reordered in and out of a clause); a span
         of more than LONG_SPAN tokens takes the hull of all its tokens' translations."""
-        if high - low > LONG_SPAN and self.extent is not None:
-            start, end = self.extent.query(low, high)
+        if high - low > LONG_SPAN:
+            start, end = self.extent().query(low, high)
             if start == float("inf"):
                 return None
         else:
@@ -385,10 +387,7 @@ def place_spans(unit: Unit, target: str, alignment: Sequence[tuple[int, int]],
 
 def _alnum_prefix(text: str) -> list[int]:
     """counts[i]: how many letters and digits text[:i] has (has text[a:b] any: counts[b] > counts[a])."""
-    counts = [0]
-    for c in text:
-        counts.append(counts[-1] + c.isalnum())
-    return counts
+    return [0, *itertools.accumulate(map(str.isalnum, text))]
 
 
 def _inside(geometry: _Target, a: int, low: int, high: int, cursor: int, before: bool, after: bool) -> Optional[int]:
