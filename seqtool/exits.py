@@ -30,6 +30,20 @@ def _unexpected(error: BaseException):
     _fail(f"unexpected {type(error).__name__}: {message} (a bug in seqtool; rerun with SEQTOOL_DEBUG=1 for the traceback and report it)", 2)
 
 
+# what a command can change to need less memory (by the command function's name); others: no option to give
+MEMORY_ADVICE = {
+    "train": "lower --max-tokens (and --batch-size), or a smaller --arch",
+    "translate": "lower --max-tokens / --batch-size, or fewer --workers",
+    "serve": "lower --max-batch-tokens, or fewer --workers",
+    "score": "lower --max-tokens / --batch-size",
+    "binarize": "fewer --workers",
+    "train_tokenizer_cmd": "a smaller --input-sentence-size",
+    "attention": "a shorter sentence",
+    "import_": "the model is larger than this machine's free memory (import keeps one copy of its weights)",
+    "average": "the checkpoints are larger than this machine's free memory (average holds one of them and the sum)",
+}
+
+
 def handles_user_errors(fn: Callable) -> Callable:
     """User mistakes -> one line on stderr, exit 1; Ctrl-C -> exit 130; a closed pipe -> quiet exit.
     Anything unexpected is a bug: one line too (SEQTOOL_DEBUG=1 shows the traceback)."""
@@ -51,7 +65,7 @@ def handles_user_errors(fn: Callable) -> Callable:
             os.dup2(devnull, sys.stdout.fileno())
             raise typer.Exit(0)
         except MemoryError:
-            _fail("out of memory; lower --max-tokens / --batch-size")
+            _fail(f"out of memory; {MEMORY_ADVICE.get(fn.__name__, 'this machine has too little free memory for it')}")
         except OSError as error:
             if error.errno == 28:  # ENOSPC
                 _fail(f"{error.filename or 'output'}: no space left on device; free space and run again (earlier files are intact)")

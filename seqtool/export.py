@@ -67,8 +67,8 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
             _convert(ckpt, build, quantization)
             (build / SPM_FILENAME).write_bytes(checkpoint.tokenizer_bytes(ckpt))
         files = sorted([p.name for p in build.iterdir()] + [MARKER])
-        (build / MARKER).write_text(json.dumps({"written_by": "seqtool export", "checkpoint": str(Path(checkpoint_path).resolve()),
-                                                "files": files}) + "\n")
+        (build / MARKER).write_text(json.dumps({"written_by": "seqtool export", "checkpoint": Path(checkpoint_path).name,
+                                                "files": files}) + "\n")  # (a name: no local path travels with a model)
         if out_dir.exists():
             check_replaceable(out_dir)  # again: files may have been added while the model was converted
         _replace_dir(build, out_dir)
@@ -117,7 +117,10 @@ def _replace_dir(new: Path, target: Path) -> None:
             old.rename(target)  # put the user's directory back
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_symlink():  # (a link was replaced: the link goes, what it pointed to stays)
+            old.unlink()
+        else:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _numpy(t) -> Any:

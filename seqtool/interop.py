@@ -286,7 +286,7 @@ def import_marian(directory: Path, output: Path, src_lang: str = "", tgt_lang: s
         "model": c.to_dict(),
         "train": {"src_lang": src_lang or settings.get("source_lang") or "", "tgt_lang": tgt_lang or settings.get("target_lang") or ""},
         "decoding": decoding,
-        "imported": {"format": "marian", "from": str(directory.resolve()), "transformers_version": config.get("transformers_version")},
+        "imported": {"format": "marian", "from": directory.resolve().name, "transformers_version": config.get("transformers_version")},
     }
     languages = target_tags(tokenizer.vocabulary(), configs["train"]["src_lang"])
     if languages is not None:

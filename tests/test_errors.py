@@ -614,3 +614,20 @@ def test_translate_input_without_newlines_is_refused_not_buffered_without_end(ti
     # memory is bounded by a setting, not by the input: 2 MiB and no newline is not a sentence
     result = cli("translate", "-c", tiny_checkpoint, *TRANSLATE, input="ab " * (700 << 10))
     one_error(result, "<stdin>:1: a line of more than 1,048,576 bytes", "one sentence per line")
+
+
+@pytest.mark.unit
+def test_out_of_memory_advice_names_only_what_the_command_has(tmp_path, monkeypatch):
+    """`import` has no --max-tokens: its out-of-memory line says what it is; translate's names its options."""
+    import seqtool.interop
+    import seqtool.translate
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(seqtool.interop, "import_marian", out_of_memory)
+    (tmp_path / "model").mkdir()
+    line = one_error(cli("import", tmp_path / "model", "--output", tmp_path / "x.pt"), "out of memory")
+    assert "--max-tokens" not in line and "--batch-size" not in line and "import" in line
+    monkeypatch.setattr(seqtool.translate, "translate_file", out_of_memory)
+    one_error(cli("translate", "-c", tmp_path / "x.pt"), "out of memory; lower --max-tokens / --batch-size")

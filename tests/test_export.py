@@ -105,6 +105,12 @@ def test_refuses_to_overwrite_without_force_and_replaces_only_its_own_output(tin
     export(tiny_checkpoint, mine, force=True)  # seqtool's own export: replaced
     assert (mine / "model.bin").read_bytes() != b"an older model"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporary directory left behind
+    assert json.loads((mine / ".seqtool-export").read_text())["checkpoint"] == tiny_checkpoint.name  # a name, never a local path
+    link = tmp_path / "latest"  # --force onto a link to an export: the link becomes the new export, what it pointed to stays
+    link.symlink_to(mine, target_is_directory=True)
+    export(tiny_checkpoint, link, force=True)
+    assert link.is_dir() and not link.is_symlink() and (mine / "model.bin").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no .latest.old-... left behind
 
 
 def _files(directory: Path) -> dict[str, bytes]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +204,14 @@ def test_the_server_lists_languages_and_translates_into_the_requested_target(mul
         auto = httpx.post(f"{base}/translate", json={"q": ["Where is the library?", "¿Dónde está?"], "source": "auto", "target": "de"}).json()
         assert [d["language"] for d in auto["detectedLanguage"]] == ["en", "es"] and len(auto["translatedText"]) == 2
         assert "detectedLanguage" not in httpx.post(f"{base}/translate", json={"q": "a b", "source": "es", "target": "de"}).json()
+        page = '<div class="the where is of and the"><p data-x="of the and">¿Dónde está la biblioteca de la ciudad?</p></div>'
+        auto = httpx.post(f"{base}/translate", json={"q": page, "source": "auto", "target": "de", "format": "html"}).json()
+        assert auto["detectedLanguage"]["language"] == "es"  # (detected on the page's text, not on its tags)
+        start = time.monotonic()  # every size limit before any work: 150,000 short items (under the body cap) are refused before detecting one
+        many = httpx.post(f"{base}/translate", content=json.dumps({"q": ["ja"] * 150_000, "source": "auto", "target": "de"}, separators=(",", ":")),
+                              headers={"content-type": "application/json"},
+                          timeout=120)
+        assert many.status_code == 413 and "--max-lines" in many.json()["error"] and time.monotonic() - start < 10
         for body, says in (({"q": "a b", "source": "es"}, "target: required; this model translates into de, en, es"),
                            ({"q": "a b", "source": "es", "target": "fr"}, "target 'fr'"),
                            ({"q": "a b", "source": "zz", "target": "en"}, "source 'zz'")):

@@ -163,11 +163,11 @@ class Service:
         if body.format not in ("text", "html"):
             raise BadRequest(400, f"format {body.format!r}: this server translates format \"text\" or \"html\"")
         texts = [body.q] if isinstance(body.q, str) else body.q
+        prepare.check_size(self.config, texts)  # (every limit before any work: detection is work)
+        tag = target_tag(t, body.source, body.target)
         detected = None
         if body.source == "auto" and self.detector is not None:  # LibreTranslate's detectedLanguage: the best guess
-            detected = [(await asyncio.to_thread(self.detector.detect, text))[0] for text in texts]
-        tag = target_tag(t, body.source, body.target)
-        prepare.check_size(self.config, texts)
+            detected = await asyncio.to_thread(lambda: [self.detector.detect(prepare.readable(text, body.format))[0] for text in texts])
         options = prepare.options(t.options, self.config, {"nbest": body.alternatives + 1}, request="libre")
         alternatives = await self.documents(request, texts, body.format, options, name, tag=tag)  # lines, sentences, markup kept
         out: dict[str, Any] = {"translatedText": [a[0] for a in alternatives] if not isinstance(body.q, str) else alternatives[0][0]}

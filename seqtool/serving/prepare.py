@@ -122,6 +122,16 @@ def lines_answer(translator, request: Lines, results: Sequence[tuple]) -> list[p
                                      request.origins)
 
 
+def readable(text: str, format: str) -> str:
+    """What a reader reads of a text: an HTML page's text without its tags (what language detection
+    goes by), plain text as it is."""
+    if format != "html":
+        return text
+    from ..documents.html import parse_html
+
+    return " ".join(u.text for u in parse_html(text).units)
+
+
 @dataclass
 class Documents:
     """A request's texts read as documents: each one's parsed form and plan (pipeline.Plan), and where
