@@ -352,6 +352,10 @@ def serve(
     cors: Annotated[Optional[list[str]], typer.Option("--cors", help="An origin allowed to call the API from a browser (repeat for more; * for any); none by default.")] = None,
     alignments: Annotated[bool, _serve_option("alignments")] = _serve_default("alignments"),
     workers: Annotated[int, _serve_option("workers")] = _serve_default("workers"),
+    header_timeout: Annotated[float, _serve_option("header_timeout")] = _serve_default("header_timeout"),
+    body_timeout: Annotated[float, _serve_option("body_timeout")] = _serve_default("body_timeout"),
+    keep_alive_timeout: Annotated[float, _serve_option("keep_alive_timeout")] = _serve_default("keep_alive_timeout"),
+    max_connections: Annotated[int, _serve_option("max_connections")] = _serve_default("max_connections"),
     beam: Annotated[int, typer.Option("--beam", "-b", help="Default beam size (a request may ask for another).")] = _default(SearchOptions, "beam"),
     lenpen: Annotated[float, typer.Option("--lenpen", help="Default length penalty.")] = _default(SearchOptions, "lenpen"),
     max_len_a: Annotated[float, typer.Option("--max-len-a", help="Default max output length = a * source length + b.")] = _default(SearchOptions, "max_len_a"),
@@ -376,7 +380,8 @@ def serve(
                          queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
                          max_beam=max_beam, max_nbest=max_nbest, max_len=max_len, max_glossary=max_glossary,
                          max_constraints=max_constraints, api_keys=str(api_keys) if api_keys else "", req_limit=req_limit,
-                         cors=",".join(cors or []), alignments=alignments, workers=workers)
+                         cors=",".join(cors or []), alignments=alignments, workers=workers, header_timeout=header_timeout,
+                         body_timeout=body_timeout, keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
     if workers > 1:
         from .serving.pool import run
     else:

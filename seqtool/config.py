@@ -451,6 +451,10 @@ class ServeConfig(_Validated):
     cors: str = setting("", "Origins allowed to call the API from a browser, comma-separated (* any); none by default.")
     alignments: bool = setting(False, "Answer alignment requests of /v1/translate.")
     workers: int = setting(1, "Server processes on the port, one model each (threads split among them).", ge=1, le=1024)
+    header_timeout: float = setting(10.0, "Seconds a client has to send a request's head once connected (or after its last answer); 408 and closed beyond.", gt=0.0, le=3600.0)
+    body_timeout: float = setting(30.0, "Seconds a client has to send a request's body after its head; 408 and closed beyond.", gt=0.0, le=3600.0)
+    keep_alive_timeout: float = setting(5.0, "Seconds an idle kept-alive connection stays open.", gt=0.0, le=3600.0)
+    max_connections: int = setting(1000, "Open connections per server process (within the descriptor limit); a new one past it closes the longest-idle or slowest one, else gets 503.", ge=1, le=1_000_000)
 
 
 

@@ -1,5 +1,7 @@
 """Signals: Ctrl-C and SIGTERM during training stop cleanly, but never in the middle of writing a
-checkpoint (Interrupts); and every process seqtool starts ends with it (die_with_parent)."""
+checkpoint (Interrupts); every process seqtool starts ends with it (die_with_parent); and work
+done for someone with a deadline stops at it (set_deadline, check_deadline: a server request's
+CPU work outside the model is bounded by --request-timeout)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Any, Iterator
+import time
+from contextvars import ContextVar
+from typing import Any, Iterator, Optional
 
 
 class Interrupts:
@@ -67,3 +71,33 @@ def die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # orphaned already (re-parented) before the signal was armed
         os._exit(1)
+
+
+class TimeUp(BaseException):
+    """Work done for someone stopped at their deadline (check_deadline). A BaseException, as
+    KeyboardInterrupt and asyncio's CancelledError are: code that recovers from a bad input
+    (`except Exception`) must not recover from it."""
+
+
+# The monotonic time the current work is for until (None: no deadline). A context variable: each
+# asyncio task (a server request) has its own, and asyncio.to_thread carries it into the worker thread.
+_DEADLINE: ContextVar[Optional[float]] = ContextVar("seqtool_deadline", default=None)
+
+
+def set_deadline(at: Optional[float]) -> None:
+    """From now on, in this context (a request's task and the threads it starts), work stops at `at`."""
+    _DEADLINE.set(at)
+
+
+def time_left() -> Optional[float]:
+    """Seconds to this context's deadline (None: none)."""
+    at = _DEADLINE.get()
+    return None if at is None else at - time.monotonic()
+
+
+def check_deadline() -> None:
+    """TimeUp once this context's deadline has passed. Called between units of work (a text, a
+    block, a segment), each of them bounded (linear in its size), so work stops soon after it."""
+    at = _DEADLINE.get()
+    if at is not None and time.monotonic() > at:
+        raise TimeUp("the deadline passed")

@@ -31,6 +31,7 @@ import torch
 
 from . import log
 from .errors import ConfigError
+from .interrupts import check_deadline
 from .config import SearchOptions
 from .data import make_batches
 from .documents.spans import Span, Unit
@@ -69,6 +70,7 @@ class Translation:
     texts: list[str]
     alignments: Optional[list[list[tuple[int, int]]]] = None  # per hypothesis, when the process computes them
     origin: Origin = Origin()
+    capped: int = 0  # the output length cap its best hypothesis reached (its end may be missing); 0: it ended itself
 
 
 def encode(translator, texts: Sequence[str], origins: Sequence[Origin], prefixes: Optional[Sequence[str]] = None,
@@ -129,11 +131,38 @@ def run(translator, segments: Sequence[Segment], options: SearchOptions,
             hyps[k] = found[i]
             if aligned is not None:  # (source positions counted without the tag)
                 alignments[k] = aligned[i] if segments[k].tag is None else [[(max(a - 1, 0), b) for a, b in h] for h in aligned[i]]
-    for s, h in zip(segments, hyps):
+    caps = output_limits([len(i) + 1 for i in ids], options, translator.max_src + 1).tolist() if ids else []
+    capped = [cap if h and len(h[0].tokens) >= cap else 0 for h, cap in zip(hyps, caps)]
+    at_cap: dict[tuple[int, int], list[tuple[Segment, int]]] = {}
+    for s, h, cap in zip(segments, hyps, capped):
         if s.constraints and h and not satisfied(h[0].tokens, s.constraints):
             log.warn(f"{s.origin.label}: the translation lacks a constraint (it does not fit in the output length limit)")
+        if cap:
+            at_cap.setdefault((s.origin.line, s.origin.block), []).append((s, cap))
+    for group in list(at_cap.values())[:MAX_TOLD]:  # one warning per line or block, naming its first piece at the cap
+        (first, cap), more = group[0], f" (and {len(group) - 1} more of its pieces)" if len(group) > 1 else ""
+        log.warn(f"{first.origin.label}{more}: {capped_note(cap, translator.max_src)}")
+    if len(at_cap) > MAX_TOLD:
+        log.warn(f"and {len(at_cap) - MAX_TOLD:,} more lines or blocks of this batch reached their output length caps")
     texts = iter(translator.tokenizer.decode_batch([x.tokens for h in hyps for x in h]))  # one call for all
-    return [Translation(s.key, s.text, h, [next(texts) for _ in h], a, s.origin) for s, h, a in zip(segments, hyps, alignments)]
+    return [Translation(s.key, s.text, h, [next(texts) for _ in h], a, s.origin, c)
+            for s, h, a, c in zip(segments, hyps, alignments, capped)]
+
+
+MAX_TOLD = 10  # warnings of translations at their length caps per call of run; beyond, one line counts the rest
+
+
+def capped_note(cap: int, max_src: int) -> str:
+    """What a translation at its output length cap is told (its end may be missing), and what raises the cap."""
+    why = "the model's positions" if cap >= max_src else "max_len_b, max_len_a: --max-len-b, --max-len-a"
+    return f"the translation reached the output length cap of {cap} tokens ({why}): its end may be missing"
+
+
+def output_limits(lengths: Sequence[int], options: SearchOptions, max_positions: int) -> torch.Tensor:
+    """Each segment's output length cap (its source length with the EOS): what search stops at."""
+    from .search import max_lengths
+
+    return max_lengths(torch.tensor(lengths, dtype=torch.long), options.max_len_a, options.max_len_b, max_positions, options.max_len)
 
 
 # --- lines cut into sentences and joined back ------------------------------------------------------
@@ -142,6 +171,7 @@ FALLBACK_LONGEST = 64  # tokens: a checkpoint without a length profile (older th
 
 FALLBACK_CLAUSE = 48  # tokens: ... and cuts a sentence at its clauses past this
 CLAUSE = re.compile(r"(?<=[;:])\s+")  # a clause ends at a semicolon or a colon
+SPACE = re.compile(r"\s*")
 
 
 def split_limit(translator) -> int:
@@ -158,6 +188,49 @@ def clause_limit(translator) -> int:
     runs over four verses joined by semicolons, longer than anything the model saw."""
     profile = translator.configs.get("source_lengths") or {}
     return int(profile.get("p90") or min(FALLBACK_CLAUSE, translator.max_src))
+
+
+def budget(translator, mode: str) -> int:
+    """The most tokens a segment may have: no piece is ever cropped. Where lines may be cut (split
+    auto or always), twice the training lines' length (split_limit): a longer piece with no
+    sentence or clause end is cut into runs the model has seen the like of; with split never (a
+    user's choice, prefixes, constraints, token alignments), the model's positions alone (room
+    left for a target-language tag)."""
+    top = translator.max_src - 1
+    return top if mode == "never" else max(1, min(top, 2 * split_limit(translator)))
+
+
+def budgeted(translator, pieces: list[tuple[str, str]], limit: int) -> tuple[list[tuple[str, str]], int]:
+    """pieces with every piece over `limit` tokens cut into runs of at most `limit` tokens: each
+    at the last word start within its budget, a word longer than that at a token boundary;
+    "".join of the pieces is unchanged. Also: how many pieces had to be cut."""
+    sizes = [len(ids) for ids in translator.tokenizer.encode_batch([sentence for sentence, _ in pieces])]
+    out: list[tuple[str, str]] = []
+    cut = 0
+    for (sentence, space), size in zip(pieces, sizes):
+        if size <= limit:
+            out.append((sentence, space))
+            continue
+        cut += 1
+        check_deadline()
+        starts = [a for a, _ in translator.tokenizer.encode_with_offsets(sentence)[1]]
+        first, at = 0, 0  # the run's first token, and its first character
+        while len(starts) - first > limit:
+            ends = range(first + limit, first, -1)  # a cut before token k leaves tokens first..k-1 in the run
+            k = next((k for k in ends if starts[k] > at and sentence[starts[k]].isspace()), None)
+            if k is None:  # one word over the budget: at a token boundary
+                k = next((k for k in ends if starts[k] > at), None)
+            if k is None:  # one character of more tokens than the budget (byte pieces): after it
+                k = next((k for k in range(first + limit + 1, len(starts)) if starts[k] > at), None)
+            if k is None:
+                break
+            stripped = sentence[at:starts[k]].rstrip()
+            gap = SPACE.match(sentence, at + len(stripped)).group()  # the whitespace between the runs
+            out.append((stripped, gap))
+            at += len(stripped) + len(gap)
+            first = k  # (the token at k may begin in that whitespace: '▁' covers the space before its word)
+        out.append((sentence[at:], space))
+    return out, cut
 
 
 def clauses(translator, pieces: list[tuple[str, str]], limit: int) -> list[tuple[str, str]]:
@@ -232,6 +305,7 @@ class Plan:
     """Units made into segments (`segments`, for `run`) and how each unit goes back together (`joints`)."""
     segments: list[Segment]
     joints: list[Joint]
+    notes: list[tuple[Origin, str]] = field(default_factory=list)  # units cut to fit the model (told by the front-end)
 
 
 def units_of(lines: Sequence[str], policy: TextPolicy) -> list[Unit]:
@@ -264,8 +338,9 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
             sentences.split_sentences("x", lang)  # raises the one line saying what to install
         _once("--split-sentences auto: no sentence splitter installed (pip install 'seqtool[documents]'); lines are translated whole")
         mode = "never"
-    limit = split_limit(translator)
-    lengths = [len(ids) for ids in translator.tokenizer.encode_batch([u.text for u in units])] if mode == "auto" else []
+    limit, most = split_limit(translator), budget(translator, mode)
+    lengths = [len(ids) for ids in translator.tokenizer.encode_batch([u.text for u in units])]
+    notes: list[tuple[Origin, str]] = []
     texts: list[str] = []
     keys: list[int] = []
     where: list[Origin] = []
@@ -273,11 +348,17 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
     chosen_constraints: list = []
     joints: list[Joint] = []
     for k, (unit, origin) in enumerate(zip(units, origins)):
+        check_deadline()  # (a server request's work outside the model stops at its --request-timeout)
         cut = mode == "always" or (mode == "auto" and lengths[k] > limit and sentences.looks_like_several_sentences(unit.text, lang))
         # a line goes whole as it is; a document's block without the whitespace around it (kept in place)
         pieces = sentences.split_sentences(unit.text, lang, "always" if cut else "never") if cut or blocks else [(unit.text, "")]
         if cut:
             pieces = clauses(translator, pieces, clause_limit(translator))
+        if lengths[k] > most:  # nothing is cropped: a piece still over the budget is cut into runs within it
+            pieces, over = budgeted(translator, pieces, most)
+            if over:
+                notes.append((origin, f"{lengths[k]:,} tokens with {'no sentence end' if mode == 'never' else 'too few sentence ends'} "
+                                      f"to cut at: translated in {len(pieces)} pieces of at most {most} tokens"))
         whole = len(pieces) == 1 and not pieces[0][1]
         slots: list[Optional[int]] = []
         for j, (sentence, _) in enumerate(pieces):
@@ -287,14 +368,15 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
             if policy.passthrough and letterless(sentence):
                 slots.append(COPY)
                 continue
+            lead = not any(i is not None and i >= 0 for i in slots)  # the unit's first segment: its prefix and constraints
             slots.append(len(texts))
             texts.append(sentence)
             keys.append(origin.line if whole and not blocks else -(((origin.line << 20) + origin.block << 12) + j + 1))
             where.append(origin if whole else Origin(origin.line, origin.block, j, f"{origin.label}, sentence {j + 1}"))
             if prefixes is not None:
-                chosen_prefixes.append(prefixes[k])
+                chosen_prefixes.append(prefixes[k] if lead else "")
             if constraints is not None or glossary is not None:
-                chosen_constraints.append((list(constraints[k]) if constraints is not None else []) +
+                chosen_constraints.append((list(constraints[k]) if constraints is not None and lead else []) +
                                           (glossary.match(sentence) if glossary is not None else []))
         joints.append(Joint(unit, pieces, slots))
     segments = encode(translator, texts, where, chosen_prefixes if prefixes is not None else None,
@@ -303,7 +385,15 @@ def unit_segments(translator, units: Sequence[Unit], origins: Sequence[Origin], 
         for i in j.segments:
             if i is not None and i >= 0:
                 segments[i].align = bool(j.unit.spans)
-    return Plan(segments, joints)
+    return Plan(segments, joints, notes)
+
+
+def tell(notes: Sequence[tuple[Origin, str]]) -> None:
+    """Plans' notes as warnings naming their lines or blocks (at most MAX_TOLD; one line counts the rest)."""
+    for origin, note in notes[:MAX_TOLD]:
+        log.warn(f"{origin.label}: {note}")
+    if len(notes) > MAX_TOLD:
+        log.warn(f"and {len(notes) - MAX_TOLD:,} more lines or blocks were cut to fit the model")
 
 
 def alternatives(plan: Plan, translations: Sequence[Translation]) -> int:
@@ -322,6 +412,7 @@ def assemble(translator, plan: Plan, translations: Sequence[Translation], rank: 
 
     out = []
     for j in plan.joints:
+        check_deadline()
         if not any(i is not None and i >= 0 for i in j.segments):  # nothing given to the model: the unit as it is
             out.append((j.unit.text, list(j.unit.spans)))
             continue
@@ -379,6 +470,7 @@ def lines_translated(translator, lines_in: Sequence[str], plan: Plan, translatio
             out.append(mine[0])
             continue
         hyps, texts = [], []
+        aligned = [] if mine and all(t.alignments for t in mine) else None
         for rank in range(ranks if mine else 1):
             best = [t.hypotheses[min(rank, len(t.hypotheses) - 1)] for t in mine if t.hypotheses]
             weight = sum(len(h.tokens) + 1 for h in best)
@@ -386,10 +478,29 @@ def lines_translated(translator, lines_in: Sequence[str], plan: Plan, translatio
             target, spans = placed[rank][u]
             hyps.append(Hypothesis([tok for h in best for tok in h.tokens], score))
             texts.append(render_unit(target, spans))
+            if aligned is not None:  # a line cut to fit the model: its pieces' token alignments, one after another
+                aligned.append(_joined_alignment(plan, joint, translations, rank))
         if not line.strip():
             hyps, texts = [], []
-        out.append(Translation(origin.line, line, hyps, texts, None, origin))
+        out.append(Translation(origin.line, line, hyps, texts, aligned, origin,
+                               max((t.capped for t in mine), default=0)))
     return out
+
+
+def _joined_alignment(plan: Plan, joint: Joint, translations: Sequence[Translation], rank: int) -> list[tuple[int, int]]:
+    """A unit's token alignment of rank `rank` from its segments' (each one's source and target
+    positions moved past the segments before it)."""
+    pairs: list[tuple[int, int]] = []
+    source = target = 0
+    for i in joint.segments:
+        if i is None or i < 0 or not translations[i].hypotheses:
+            continue
+        t = translations[i]
+        r = min(rank, len(t.hypotheses) - 1)
+        pairs += [(a + source, b + target) for a, b in (t.alignments[r] if r < len(t.alignments) else [])]
+        source += len(plan.segments[i].ids)
+        target += len(t.hypotheses[r].tokens)
+    return pairs
 
 
 _said: set = set()

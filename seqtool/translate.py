@@ -266,11 +266,10 @@ class Translator:
         if policy is None:
             policy = pipeline.TextPolicy.choose(alignments=self.config.alignments,
                                                 whole=prefixes is not None or constraints is not None or glossary is not None)
-        if policy == pipeline.AS_IS and glossary is None:
-            return self.translate_chunk(start, lines, options, prefixes, constraints)
         origins = pipeline.lines(start, lines, "input line")
         plan = pipeline.unit_segments(self, pipeline.units_of(lines, policy), origins, policy, self.source_lang, prefixes,
                                       constraints, glossary)
+        pipeline.tell(plan.notes)
         translations = pipeline.run(self, plan.segments, options)
         return pipeline.lines_translated(self, lines, plan, translations, origins)
 
@@ -293,6 +292,7 @@ class Translator:
         origins = [Origin(0, k, 0, f"{name or format} block {k + 1}") for k in range(len(document.units))]
         policy = pipeline.TextPolicy(split)
         plan = pipeline.unit_segments(self, document.units, origins, policy, self.source_lang, glossary=glossary, blocks=True)
+        pipeline.tell(plan.notes)
         translations = pipeline.run(self, plan.segments, options)
         return document.render(pipeline.assemble(self, plan, translations), self.target_lang or None)
 

@@ -21,11 +21,18 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, checkpoint, *options: str, port: int = 0):
+    def __init__(self, checkpoint, *options: str, port: int = 0, descriptors: int = 0):
+        """descriptors: the server's descriptor limit (soft and hard), where a test needs a low one."""
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+
+        def limit():
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
         self.proc = subprocess.Popen([sys.executable, "-m", "seqtool", "serve", "-c", str(checkpoint), "--port", str(self.port),
-                                      *FP32, *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                      *FP32, *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=limit if descriptors else None)
         deadline = time.time() + 120
         while time.time() < deadline:
             assert self.proc.poll() is None, self.proc.communicate()[1]
@@ -52,3 +59,9 @@ def offline_translations(checkpoint) -> list[list[str]]:
     assert out.returncode == 0, out.stderr
     rows = [line.split("\t") for line in out.stdout.splitlines()]
     return [[rows[2 * i][2], rows[2 * i + 1][2]] for i in range(len(LINES))]
+
+
+def translated(response) -> dict:
+    """A response's JSON without its warnings (an untrained model's outputs run to their length cap,
+    and the server says so: test_text_policy tests that)."""
+    return {k: v for k, v in response.json().items() if k != "warnings"}

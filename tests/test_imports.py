@@ -24,7 +24,7 @@ LAYERS = [
     {"serving.server"},
     {"serving.app"},
     {"serving.endpoints"},
-    {"serving.prepare", "serving.metrics", "serving.access", "serving.detect"},
+    {"serving.prepare", "serving.metrics", "serving.access", "serving.detect", "serving.connections"},
     {"serving.schemas", "serving.batcher"},
     {"training.train", "plot", "info", "export"},
     {"training.job"},

@@ -35,6 +35,7 @@ from dataclasses import replace
 from html.parser import HTMLParser
 from typing import Optional
 
+from ..interrupts import check_deadline
 from .protect import UnitBuilder
 from .skeleton import Hole, Skeleton, SkeletonBuilder
 
@@ -73,6 +74,7 @@ class _HtmlEvents(HTMLParser):
         return self.newlines[bisect.bisect_left(self.newlines, self.base) + line - 2] + 1 + column
 
     def _add(self, kind: str, tag: str = "", attrs: Optional[list] = None) -> None:
+        check_deadline()  # (a server request's work stops at its --request-timeout)
         self.events.append((kind, self.position(), tag, attrs or []))
 
     def handle_starttag(self, tag, attrs):
@@ -202,6 +204,7 @@ def parse_html(doc: str, attributes: bool = True) -> HtmlDocument:
 
     def flush(upto: int) -> None:
         nonlocal builder, holes
+        check_deadline()
         if builder is not None:
             unit = builder.finish()
             if builder.renumbered is not None:  # (a span merged into a letterless one keeps its attributes as they are)

@@ -30,6 +30,7 @@ import functools
 import re
 
 from ..errors import ConfigError
+from ..interrupts import check_deadline
 from .html import VOID_ELEMENTS, parse_html
 from .protect import UnitBuilder
 from .skeleton import Skeleton, SkeletonBuilder
@@ -139,6 +140,7 @@ def parse_markdown(doc: str, attributes: bool = True) -> MarkdownDocument:
                          "the text inside is kept untranslated")
     cursor = 0
     for k, token in enumerate(tokens):
+        check_deadline()  # (a server request's work stops at its --request-timeout)
         if token.type == "html_block" and token.level == 0 and token.map:
             begin = max(lines[first_line + token.map[0]], cursor)
             end = lines[first_line + token.map[1]] if first_line + token.map[1] < len(lines) else len(source)

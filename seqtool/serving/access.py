@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import InputError
+from .schemas import BadRequest
 from ..textio import read_lines, strip_line_end
 
 
@@ -120,11 +121,16 @@ def too_large(limit: int) -> str:
 async def read_body(request, limit: int) -> Optional[bytes]:
     """The body, or None when it passes `limit` bytes (a chunked body has no Content-Length); the
     rest of such a body is read and dropped, up to DRAIN bytes, so its client can read the answer."""
+    from starlette.requests import ClientDisconnect
+
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > DRAIN:
-            break
-        if size <= limit:
-            chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > DRAIN:
+                break
+            if size <= limit:
+                chunks.append(chunk)
+    except ClientDisconnect:  # gone before its body was read (or closed by --body-timeout): nobody to answer
+        raise BadRequest(499, "client closed the request") from None
     return b"".join(chunks) if size <= limit else None

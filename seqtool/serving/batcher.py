@@ -79,7 +79,7 @@ class Batcher:
         knowing its place in the request (its slot, default origin.line; the others are answered at
         once with an empty translation). TooLarge when the request alone
         exceeds the queue; ResourceError when the queue is too full for it now."""
-        request = Request(loop, loop.create_future(), name, [([], [], None)] * count, len(segments))
+        request = Request(loop, loop.create_future(), name, [([], [], None, 0)] * count, len(segments))
         if not segments:
             request.done.set_result(request.results)
             return request
@@ -201,7 +201,7 @@ class Batcher:
             return frozenset(k for k, q in enumerate(batch) if q.request.cancelled)
 
         out = pipeline.run(self.translator, [q.segment for q in batch], batch[0].options, abandoned)
-        return [(t.hypotheses, t.texts, t.alignments) for t in out]
+        return [(t.hypotheses, t.texts, t.alignments, t.capped) for t in out]
 
 
 def _deliver(queued: _Queued, result: Any) -> None:

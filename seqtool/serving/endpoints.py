@@ -6,22 +6,31 @@ event loop (schemas.parse), the key and the request rate admitted (access.py), i
 (413) and its options checked against the bounds and the caps (422), its text work done in a worker
 thread (prepare.lines, prepare.documents), then queued (batcher.py) and awaited until its results, its timeout (504:
 its segments are dropped, also from a running batch) or its client going away (499).
+
+--request-timeout bounds the whole request from its arrival: the text work before and after the
+model stops at it too (interrupts.check_deadline between texts, blocks and segments: 504), and a
+request over HEAVY_CHARS does its text work on a pool of its own (HEAVY_WORKERS threads), so
+large documents never keep a small request waiting for a thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import hashlib
 import json
 import os
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import log
 from ..config import DecodeConfig, SearchOptions, ServeConfig
 from ..errors import ConfigError, InputError, ResourceError, SeqtoolError
+from ..interrupts import TimeUp, set_deadline, time_left
 from . import prepare
 from .access import Keys, RateLimit, bearer, body_limit, read_body, read_keys, too_large
 from .batcher import Batcher, TooLarge
@@ -31,6 +40,8 @@ from .schemas import BadRequest, DetectRequest, LibreRequest, TranslateIn, multi
 HTTP_STATUS: dict[type, int] = {TooLarge: 413, InputError: 400, ConfigError: 422, ResourceError: 503, SeqtoolError: 400}
 RETRY_AFTER_SECONDS = 1
 INLINE_BYTES = 16384  # a body this small is parsed on the event loop (measured: ~3 us for a one-segment request)
+HEAVY_CHARS = 20_000  # a request with more characters does its text work on the heavy pool
+HEAVY_WORKERS = 2  # threads of the heavy pool (the default pool, min(32, cores + 4), serves the rest)
 
 
 def http_status(error: SeqtoolError) -> int:
@@ -56,6 +67,7 @@ class Service:
         self.keys = Keys(read_keys(Path(config.api_keys))) if config.api_keys else None
         self.rate = RateLimit(config.req_limit) if config.req_limit else None
         self.body_limit = body_limit(config.max_chars)
+        self.heavy = ThreadPoolExecutor(HEAVY_WORKERS, thread_name_prefix="seqtool-heavy")
 
     # -- life ---------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -74,10 +86,29 @@ class Service:
             self.on_failure()
 
     def close(self) -> None:
+        self.heavy.shutdown(wait=False, cancel_futures=True)
         if self.batcher is not None:
             self.batcher.stop()  # in-flight requests were answered (uvicorn drains them first)
         if self.translator is not None:
             self.translator.close()
+
+    def start(self) -> None:
+        """A translation request begins: its --request-timeout runs from now, for all its work."""
+        set_deadline(time.monotonic() + self.config.request_timeout)
+
+    async def work(self, chars: int, fn: Callable, *args) -> Any:
+        """fn(*args) in a worker thread (the heavy pool for a request of over HEAVY_CHARS characters),
+        under the request's deadline: 504 once it has passed."""
+        run = functools.partial(contextvars.copy_context().run, fn, *args)  # (the deadline goes with it)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.heavy if chars > HEAVY_CHARS else None, run)
+        except TimeUp:
+            raise BadRequest(504, self.timed_out) from None
+
+    @property
+    def timed_out(self) -> str:
+        return (f"not translated within {self.config.request_timeout:g} s (--request-timeout); "
+                "the server is overloaded or the request too large")
 
     def ready(self):
         if self.translator is None:
@@ -140,15 +171,14 @@ class Service:
             raise BadRequest(413, str(e)) from None
         except ResourceError as e:
             raise BadRequest(503, str(e), {"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
-        deadline = time.monotonic() + self.config.request_timeout
+        deadline = time.monotonic() + (time_left() or self.config.request_timeout)
         while True:
             try:
                 return await asyncio.wait_for(asyncio.shield(job.done), timeout=min(0.25, max(deadline - time.monotonic(), 0)))
             except asyncio.TimeoutError:
                 if time.monotonic() >= deadline:
                     batcher.cancel(job)
-                    raise BadRequest(504, f"not translated within {self.config.request_timeout:g} s (--request-timeout); "
-                                          "the server is overloaded or the request too large") from None
+                    raise BadRequest(504, self.timed_out) from None
                 if await request.is_disconnected():
                     batcher.cancel(job)  # nobody is waiting for it
                     raise BadRequest(499, "client closed the request") from None
@@ -158,6 +188,7 @@ class Service:
     # -- the endpoints ------------------------------------------------------------------------------
     async def libre(self, request) -> dict:
         """POST /translate, LibreTranslate's shapes."""
+        self.start()
         body, name = await self.admitted(request, LibreRequest, form=True)
         t = self.ready()
         if body.format not in ("text", "html"):
@@ -167,29 +198,34 @@ class Service:
         tag = target_tag(t, body.source, body.target)
         detected = None
         if body.source == "auto" and self.detector is not None:  # LibreTranslate's detectedLanguage: the best guess
-            detected = await asyncio.to_thread(lambda: [self.detector.detect(prepare.readable(text, body.format))[0] for text in texts])
+            detected = await self.work(sum(map(len, texts)), lambda: [self.detector.detect(prepare.readable(text, body.format))[0]
+                                                                       for text in texts])
         options = prepare.options(t.options, self.config, {"nbest": body.alternatives + 1}, request="libre")
-        alternatives = await self.documents(request, texts, body.format, options, name, tag=tag)  # lines, sentences, markup kept
+        alternatives, warnings = await self.documents(request, texts, body.format, options, name, tag=tag)  # lines, sentences, markup kept
         out: dict[str, Any] = {"translatedText": [a[0] for a in alternatives] if not isinstance(body.q, str) else alternatives[0][0]}
         if detected is not None:
             out["detectedLanguage"] = detected[0] if isinstance(body.q, str) else detected
         if body.alternatives:
             out["alternatives"] = alternatives[0][1:] if isinstance(body.q, str) else [a[1:] for a in alternatives]
+        if warnings:  # a text cut to fit the model, an output at its length cap (LibreTranslate's clients ignore it)
+            out["warnings"] = warnings
         return out
 
     async def documents(self, request, texts: list[str], format: str, options: SearchOptions, name: str,
-                        split: str = "auto", tag: Optional[int] = None, glossary: Optional[dict] = None) -> list[list[str]]:
+                        split: str = "auto", tag: Optional[int] = None, glossary: Optional[dict] = None) -> tuple[list[list[str]], list[str]]:
         """Texts translated as documents (prepare.documents), their segments queued as one request:
-        per text, its alternatives (best first; as many as options.nbest asks, where the text has any)."""
-        t = self.translator
-        docs = await asyncio.to_thread(prepare.documents, t, name, texts, format, split, glossary)
+        per text, its alternatives (best first; as many as options.nbest asks, where the text has any);
+        and the response's warnings (prepare.warnings)."""
+        t, chars = self.translator, sum(map(len, texts))
+        docs = await self.work(chars, prepare.documents, t, name, texts, format, split, glossary)
         tagged(docs.segments, tag)
         queued = [k for k, s in enumerate(docs.segments) if s.ids]
         results = await self.translate(request, [docs.segments[k] for k in queued], len(docs.segments), options, name, queued)
-        return await asyncio.to_thread(prepare.rendered, t, docs, results)
+        return await self.work(chars, prepare.rendered, t, docs, results), prepare.documents_warnings(t, docs, results)
 
     async def native(self, request) -> dict:
         """POST /v1/translate: segments with per-request search options, scores, n-best, alignments."""
+        self.start()
         body, name = await self.admitted(request, TranslateIn)
         t = self.ready()
         tag = target_tag(t, body.source, body.target)
@@ -209,14 +245,17 @@ class Service:
         options = prepare.options(t.options, self.config, asked, body.sampling.model_dump() if body.sampling is not None else None,
                                   constrained=body.constraints is not None or bool(body.glossary))
         if body.format != "text":
-            docs = await self.documents(request, body.segments, body.format, options, name, tag=tag, glossary=body.glossary)
-            return {"translations": [{"text": alternatives[0]} for alternatives in docs]}
-        lines = await asyncio.to_thread(prepare.lines, t, name, body.segments, body.target_prefix, body.constraints,
-                                        body.glossary, self.config.max_constraints, body.alignment)
+            docs, warnings = await self.documents(request, body.segments, body.format, options, name, tag=tag, glossary=body.glossary)
+            return {"translations": [{"text": alternatives[0]} for alternatives in docs], **({"warnings": warnings} if warnings else {})}
+        chars = sum(map(len, body.segments))
+        lines = await self.work(chars, prepare.lines, t, name, body.segments, body.target_prefix, body.constraints,
+                                body.glossary, self.config.max_constraints, body.alignment)
         segments = tagged(lines.plan.segments, tag)
         queued = [k for k, s in enumerate(segments) if s.ids]
         results = await self.translate(request, [segments[k] for k in queued], len(segments), options, name, queued)
-        return native_answer(await asyncio.to_thread(prepare.lines_answer, t, lines, results), body, options.nbest)
+        answer = native_answer(await self.work(chars, prepare.lines_answer, t, lines, results), body, options.nbest)
+        warnings = prepare.warnings(t, "segment", lines.plan.notes, prepare.translations(segments, results))
+        return {**answer, **({"warnings": warnings} if warnings else {})}
 
     def health(self) -> tuple[dict, int]:
         if self.batcher is None:

@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 from .. import log, pipeline
 from ..config import Sampling, SearchOptions, ServeConfig
 from ..errors import FieldError, InputError
+from ..interrupts import check_deadline
 from ..pipeline import Origin, Segment
 from .schemas import BadRequest, field_name
 
@@ -100,6 +101,7 @@ def lines(translator, name: str, texts: Sequence[str], prefixes: Optional[Sequen
     policy = pipeline.TextPolicy.choose(alignments=alignments, whole=prefixes is not None or items is not None)
     plan = pipeline.unit_segments(translator, pipeline.units_of(texts, policy), origins, policy, translator.source_lang,
                                   prefixes, items)
+    pipeline.tell(plan.notes)
     return Lines(texts, origins, plan)
 
 
@@ -112,8 +114,17 @@ class Lines:
 
 
 def translations(segments: Sequence[Segment], results: Sequence[tuple]) -> list[pipeline.Translation]:
-    """The batcher's results (hypotheses, texts, alignments per segment) as the pipeline's Translations."""
-    return [pipeline.Translation(s.key, s.text, r[0], r[1], r[2], s.origin) for s, r in zip(segments, results)]
+    """The batcher's results (hypotheses, texts, alignments, the length cap reached per segment) as the pipeline's Translations."""
+    return [pipeline.Translation(s.key, s.text, r[0], r[1], r[2], s.origin, r[3]) for s, r in zip(segments, results)]
+
+
+def warnings(translator, what: str, notes: Sequence[tuple[pipeline.Origin, str]], translations: Sequence[pipeline.Translation]) -> list[str]:
+    """What a response tells of its texts (`what` 1, 2, ...: "segment", "text"): each one cut to fit
+    the model (the plans' notes), each whose translation reached the output length cap (its end may
+    be missing). Nothing is cut or cropped without the response saying so."""
+    out = [f"{what} {origin.line + 1}: {note}" for origin, note in notes]
+    capped = sorted({(t.origin.line, t.capped) for t in translations if t.capped})
+    return out + [f"{what} {line + 1}: {pipeline.capped_note(cap, translator.max_src)}" for line, cap in capped]
 
 
 def lines_answer(translator, request: Lines, results: Sequence[tuple]) -> list[pipeline.Translation]:
@@ -153,6 +164,7 @@ def documents(translator, name: str, texts: Sequence[str], format: str, split: s
     terms = Glossary([(k, [v] if isinstance(v, str) else list(v)) for k, v in glossary.items()]) if glossary else None
     parsed, plans, starts, segments = [], [], [], []
     for d, text in enumerate(texts):
+        check_deadline()
         doc = parse(text, format, attributes)
         for note in doc.notes:
             log.warn(f"{name}, text {d + 1}: {note}")
@@ -163,7 +175,13 @@ def documents(translator, name: str, texts: Sequence[str], format: str, split: s
         plans.append(plan)
         starts.append(len(segments))
         segments += plan.segments
+    pipeline.tell([n for plan in plans for n in plan.notes])  # (and the response names each)
     return Documents(parsed, plans, starts, segments)
+
+
+def documents_warnings(translator, docs: Documents, results: Sequence[tuple]) -> list[str]:
+    """warnings() of a request's documents."""
+    return warnings(translator, "text", [n for plan in docs.plans for n in plan.notes], translations(docs.segments, results))
 
 
 def rendered(translator, docs: Documents, results: Sequence[tuple]) -> list[list[str]]:
@@ -172,6 +190,7 @@ def rendered(translator, docs: Documents, results: Sequence[tuple]) -> list[list
     (alternative k: its sentences' k-th translations), best first."""
     out = []
     for d, doc in enumerate(docs.parsed):
+        check_deadline()
         plan = docs.plans[d]
         mine = translations(plan.segments, results[docs.starts[d]:docs.starts[d] + len(plan.segments)])
         out.append([doc.render(pipeline.assemble(translator, plan, mine, rank), translator.target_lang or None)

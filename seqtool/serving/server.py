@@ -44,6 +44,20 @@ def check(options: SearchOptions, config: ServeConfig) -> None:
             raise ConfigError(f"{option} {value} is over {cap_option} {cap}: the server's defaults must be within its caps")
 
 
+def protocol(config: ServeConfig) -> dict:
+    """uvicorn.Config's protocol settings: httptools' parser with connections.py's bounds (head
+    size, slow clients, open connections); without httptools, h11's head size bound alone."""
+    if importlib.util.find_spec("httptools") is None:
+        from .connections import MAX_HEAD_BYTES
+
+        log.warn("httptools not installed: slow clients are not timed out and connections are not capped "
+                 "(pip install 'seqtool[serve]' installs it)")
+        return {"http": "h11", "h11_max_incomplete_event_size": MAX_HEAD_BYTES}
+    from .connections import Limits, guarded
+
+    return {"http": guarded(Limits(config.header_timeout, config.body_timeout, config.max_connections))}
+
+
 def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig,
           sock: Optional[socket.socket] = None) -> None:
     """Run the server until SIGTERM/Ctrl-C (then drain and stop). sock: a listening socket to serve on
@@ -66,7 +80,8 @@ def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, option
                     service.batcher.drain()
                 super().handle_exit(sig, frame)
 
-        server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.request_timeout) + 5))
+        server = Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=int(config.request_timeout) + 5,
+                                       timeout_keep_alive=config.keep_alive_timeout, **protocol(config)))
 
         def stop() -> None:
             server.should_exit = True
