@@ -277,8 +277,8 @@ def average(paths: list[Path], output: Path) -> dict[str, Any]:
             if v.is_floating_point():
                 total[k] += v.double()
     weights = {k: (v / len(paths)).to(first["weights"][k].dtype) if v.is_floating_point() else v for k, v in total.items()}
-    out = build(first["configs"], tokenizer_bytes(first), weights, averaged_from=[str(p) for p in paths],
+    out = build(first["configs"], tokenizer_bytes(first), weights, averaged_from=[f"{Path(p).parent.name}/{Path(p).name}" for p in paths],
                 **({"source_lengths": first["source_lengths"]} if "source_lengths" in first else {}))
-    save(out, Path(output))
+    save(out, Path(output))  # (averaged_from: each checkpoint's run folder and name, never a local path)
     return out
 

@@ -177,3 +177,6 @@ def test_average_is_the_mean(tiny_checkpoint, tmp_path):
     avg = checkpoint.load(tmp_path / "avg.pt")["weights"]
     name = "encoder.0.ffn.fc1.weight"
     torch.testing.assert_close(avg[name], base[name] + 1.0)
+    # what it was averaged from: run folder and name, no local path travels with a model
+    assert checkpoint.load(tmp_path / "avg.pt")["averaged_from"] == [f"{tiny_checkpoint.parent.name}/{tiny_checkpoint.name}",
+                                                                      f"{tmp_path.name}/plus2.pt"]
