@@ -21,7 +21,7 @@ from ..data import ParallelDataset, epoch_batches, min_pair_length, read_meta
 from ..errors import ConfigError, InputError
 from ..languages import Corpus
 from ..tokenizer import Tokenizer, train_tokenizer
-from .distill import Distill
+from .distill import Distill, Teachers
 
 
 @dataclass
@@ -116,6 +116,27 @@ def prepare_raw(job: TrainJob, source: Optional[TokenizerSource] = None) -> Path
     binarize(src, tgt, [SplitSpec("train", job.raw.train_prefix), SplitSpec("valid", job.raw.valid_prefix)],
              model_path, data_dir, workers=job.raw.workers, force=job.force)
     return data_dir
+
+
+def check_teachers(job: TrainJob, teachers: Teachers, source: Optional[finetune.Source] = None) -> None:
+    """What --teacher cannot teach this run, one line naming it, before any work (a tokenizer trained,
+    raw files binarized, data opened): a multilingual teacher or student, another tokenizer or
+    vocabulary, other languages. (The data, once open, is checked again: Teachers.check.)"""
+    teachers.refuse_unsupported()
+    if (job.raw is not None and job.raw.corpora) or (source is not None and source.languages is not None):
+        multilingual.refuse("--teacher")
+    if source is not None and source.tokenizer_bytes != teachers.tokenizer_bytes:
+        raise InputError(f"--finetune {source.path}: its tokenizer differs from that of --teacher {teachers.path}; the student "
+                         f"learns the teacher's token ids: fine-tune a checkpoint that has the teacher's tokenizer")
+    if job.raw is not None:
+        teachers.check_pair(job.train.src_lang, job.train.tgt_lang, "--src/--tgt")
+        return
+    data_dir = Path(job.data_dir)
+    meta = read_meta(data_dir)
+    if multilingual.is_multilingual(meta):
+        multilingual.refuse("--teacher")
+    if (data_dir / "tokenizer.model").is_file():  # (a missing one: open_data says so)
+        teachers.check(meta, (data_dir / "tokenizer.model").read_bytes(), data_dir)
 
 
 @dataclass

@@ -32,7 +32,7 @@ from ..errors import ConfigError
 from .metrics import MetricsLog, ThroughputWindow
 from ..model import Transformer
 from ..runlock import RunLock
-from .job import RawData, TrainJob, TrainResult, open_data, plan_epoch, prepare_raw
+from .job import RawData, TrainJob, TrainResult, check_teachers, open_data, plan_epoch, prepare_raw
 from .savedir import RunFiles
 
 __all__ = ["RawData", "TrainJob", "TrainResult", "Trainer", "train"]  # the job's types, for callers of train()
@@ -71,6 +71,8 @@ class Trainer:
             torch.set_num_threads(cfg.threads)
         source = finetune.load_source(job.finetune) if job.finetune is not None else None
         teachers = distill.Teachers(job.distill) if job.distill is not None else None
+        if teachers is not None:
+            check_teachers(job, teachers, source)  # before any work (data prepared or opened), on every rank
         self.dist = distributed.start(env, self.device, cfg.dist_timeout)
         if job.raw is not None:  # rank 0 prepares SAVE_DIR/data, the others wait for it
             if self.dist.is_main:
