@@ -369,19 +369,21 @@ def serve(
     threads: Annotated[int, _option(DecodeConfig, "threads")] = _default(DecodeConfig, "threads"),
 ):
     """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
+    from .serving.server import within_caps
     from .translate import recorded_defaults, settings
 
-    # the options given on the command line, over the checkpoint's recorded decoding defaults (a student's beam 1)
-    decode, options = settings(recorded=recorded_defaults(checkpoint), **_given(ctx, dict(
-        batch_size=batch_size, device=device, precision=precision, quantize=quantize, threads=threads, beam=beam,
-        lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, no_repeat_ngram_size=no_repeat_ngram_size,
-        loop_guard=loop_guard)))
     config = ServeConfig(host=host, port=port, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms,
                          queue_limit=queue_limit, request_timeout=request_timeout, max_lines=max_lines, max_chars=max_chars,
                          max_beam=max_beam, max_nbest=max_nbest, max_len=max_len, max_glossary=max_glossary,
                          max_constraints=max_constraints, api_keys=str(api_keys) if api_keys else "", req_limit=req_limit,
                          cors=",".join(cors or []), alignments=alignments, workers=workers, header_timeout=header_timeout,
                          body_timeout=body_timeout, keep_alive_timeout=keep_alive_timeout, max_connections=max_connections)
+    # the options given on the command line, over the checkpoint's recorded decoding defaults (a student's beam 1;
+    # lowered to the caps: only a --beam given here over --max-beam is refused)
+    decode, options = settings(recorded=within_caps(recorded_defaults(checkpoint), config), **_given(ctx, dict(
+        batch_size=batch_size, device=device, precision=precision, quantize=quantize, threads=threads, beam=beam,
+        lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, no_repeat_ngram_size=no_repeat_ngram_size,
+        loop_guard=loop_guard)))
     if workers > 1:
         from .serving.pool import run
     else:

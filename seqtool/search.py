@@ -67,17 +67,10 @@ def _recording(cache, align_layer: Optional[int]) -> bool:
     return align_layer is not None
 
 
-LONG_SOURCE_OUTPUT = 2  # a flat cap (max_len_a 0) under a source's length: raised to this many times that length
-
-
 def max_lengths(src_len: Tensor, max_len_a: float, max_len_b: int, max_positions: int, max_len: int = 0) -> Tensor:
-    """(B,) output length caps for sources of src_len tokens (incl. EOS): max_len_a * length + max_len_b;
-    a flat cap (max_len_a 0, translate's default) below a source's own length is raised to
-    LONG_SOURCE_OUTPUT times that length (--max-len-b 200 would cut the translation of a 300-token
-    source); within the model's positions and max_len."""
+    """(B,) output length caps for sources of src_len tokens (incl. EOS): max_len_a * length + max_len_b,
+    within the model's positions and max_len (pipeline.run warns about an output that reaches its cap)."""
     limit = (max_len_a * src_len.double() + max_len_b).long()
-    if max_len_a == 0:
-        limit = torch.where(src_len - 1 > limit, LONG_SOURCE_OUTPUT * (src_len - 1), limit)
     return limit.clamp(min=1, max=min(max_positions - 1, max_len or max_positions))  # the BOS takes one position
 
 

@@ -397,7 +397,7 @@ def test_sigpipe_ends_quietly_with_status_0(tiny_checkpoint, tmp_path):
            + " | head -n 2")
     result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("\n") == 2 and result.stderr == ""
+    assert result.stdout.count("\n") == 2 and not [line for line in result.stderr.splitlines() if "length cap" not in line]
 
 
 @pytest.mark.unit
@@ -577,7 +577,7 @@ def test_a_signal_in_translate_output_keeps_the_previous_file_and_leaves_no_part
     os.killpg(proc.pid, signum)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == code, err
-    assert err.decode().strip() == "error: interrupted"
+    assert [line for line in err.decode().splitlines() if "length cap" not in line] == ["error: interrupted"]  # (an untrained model's outputs reach their caps)
     assert out.read_text() == "previous translation\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 

@@ -3,7 +3,9 @@
 - translate writes exactly one line per input line, in input order: each output line equals the
   translation of its input line alone (the tiny untrained model's output depends on its input, so
   a swapped or shifted line shows), and --print-scores numbers the lines 0..n-1;
-- binarize then reading back gives the tokenizer's ids of every line.
+- binarize then reading back gives the tokenizer's ids of every line;
+- `seqtool import` of a Marian directory with random config.json values and random tensor shapes and
+  dtypes ends in a checkpoint or a one-line error (exit 1), never exit 2, in bounded memory and time.
 
 Inputs are bytes: any Unicode text (with \\r, \\x85, U+2028, NUL, U+FFFD, empty and very long lines)
 and invalid UTF-8. The normal run is bounded (SEQTOOL_FUZZ_EXAMPLES, default 20 per property);
@@ -13,8 +15,11 @@ bench/fuzz.py runs the same properties with many more examples.
 from __future__ import annotations
 
 import io
+import json
 import os
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +34,7 @@ from seqtool.config import TranslateConfig
 from seqtool.data import ParallelDataset
 from seqtool.tokenizer import Tokenizer
 from seqtool.translate import Translator, translate_file
+from test_interop import hostile, small_marian, spms  # noqa: F401 - (small_marian, spms: fixtures)
 
 pytestmark = pytest.mark.integration
 
@@ -109,3 +115,94 @@ def test_cli_translate_counts_lines(tiny_checkpoint, lines):
     assert result.exit_code == 0, result.stderr
     assert result.stdout.count("\n") == len(lines)
     assert "Traceback" not in result.stderr
+
+
+# ---- `seqtool import` of hostile directories (#42) ---------------------------------------------------------
+CONFIG_VALUE = st.one_of(st.integers(-2, 700), st.integers(2 ** 31 - 2, 2 ** 80), st.floats(allow_nan=True, allow_infinity=True),
+                         st.none(), st.booleans(), st.text(max_size=4), st.lists(st.integers(0, 40), max_size=3))
+CONFIG_FIELDS = ("d_model", "vocab_size", "decoder_vocab_size", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+                 "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings", "pad_token_id",
+                 "eos_token_id", "decoder_start_token_id", "dropout", "scale_embedding")
+WEIGHT_NAMES = ("model.shared.weight", "final_logits_bias", "model.encoder.layers.0.fc1.weight", "model.decoder.layers.0.self_attn.k_proj.bias",
+                "model.decoder.layers.0.encoder_attn_layer_norm.weight", "model.encoder.layers.1.fc2.bias")
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int8", "bool")
+TENSOR = st.tuples(st.lists(st.integers(0, 70), max_size=3), st.sampled_from(DTYPES), st.sampled_from([0.0, 0.5, float("nan"), float("inf")]))
+HOSTILE = dict(config=st.dictionaries(st.sampled_from(CONFIG_FIELDS), CONFIG_VALUE, max_size=3),
+               weights=st.dictionaries(st.sampled_from(WEIGHT_NAMES), TENSOR, max_size=2),
+               generation=st.dictionaries(st.just("num_beams"), CONFIG_VALUE, max_size=1),
+               tokenizer=st.dictionaries(st.just("unk_token"), CONFIG_VALUE, max_size=1))
+HEADROOM = 2 * 2 ** 30  # address space an import may take beyond what the process holds before it
+
+
+def hostile_copy(base: Path, out: Path, config, weights, generation, tokenizer) -> Path:
+    import torch
+
+    tensors = {}
+    for name, (shape, dtype, fill) in weights.items():
+        t = torch.zeros(shape, dtype=getattr(torch, dtype))
+        tensors[name] = t.fill_(fill) if t.is_floating_point() else t
+    settings = {**json.loads((base / "tokenizer_config.json").read_text()), **tokenizer}
+    return hostile(base, out, config=config, weights=tensors, files={"generation_config.json": generation, "tokenizer_config.json": settings})
+
+
+@contextmanager
+def address_space(headroom: int):
+    """The process's address space capped at what it maps now plus `headroom` (the soft limit; restored after)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as status:
+        mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    cap = mapped + headroom if hard == resource.RLIM_INFINITY else min(hard, mapped + headroom)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+@settings(max_examples=5 * EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(**HOSTILE)
+def test_import_of_a_hostile_directory_ends_in_a_checkpoint_or_one_line(small_marian, config, weights, generation, tokenizer):
+    """import_marian in this process (the CLI makes a SeqtoolError one line and exit 1, anything else exit 2):
+    a checkpoint that loads, or a SeqtoolError of one line naming a file of the directory; no other
+    exception, no allocation beyond HEADROOM (a MemoryError fails the test) and no example over 60 s."""
+    from seqtool import checkpoint
+    from seqtool.errors import SeqtoolError
+    from seqtool.interop import import_marian
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = hostile_copy(small_marian, Path(tmp) / "marian", config, weights, generation, tokenizer)
+        start = time.monotonic()
+        try:
+            with address_space(HEADROOM):
+                import_marian(d, Path(tmp) / "model.pt")
+        except SeqtoolError as error:
+            message = str(error)
+            assert "\n" not in message and message.startswith(str(d)), message
+            assert not (Path(tmp) / "model.pt").exists()
+        else:
+            checkpoint.load_model(checkpoint.load(Path(tmp) / "model.pt"))
+        assert time.monotonic() - start < 60
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(**HOSTILE)
+def test_cli_import_of_a_hostile_directory_exits_0_or_1(small_marian, config, weights, generation, tokenizer):
+    """The same through `python -m seqtool import`, in a process of at most 4 GiB of address space and
+    120 s: exit 0 with a checkpoint, or exit 1 with one line on stderr; never 2."""
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2 ** 30, 4 * 2 ** 30))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = hostile_copy(small_marian, Path(tmp) / "marian", config, weights, generation, tokenizer)
+        run = subprocess.run([sys.executable, "-m", "seqtool", "import", str(d), "--output", str(Path(tmp) / "model.pt")],
+                             capture_output=True, text=True, timeout=120, preexec_fn=limit, env=dict(os.environ, OMP_NUM_THREADS="2"))
+        assert run.returncode in (0, 1), run.stderr
+        errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+        assert (Path(tmp) / "model.pt").exists() == (run.returncode == 0) and len(errors) == (run.returncode == 1), run.stderr
+        assert "Traceback" not in run.stderr

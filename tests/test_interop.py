@@ -364,3 +364,218 @@ def test_a_pre_norm_model_is_refused_by_the_huggingface_export(tiny_checkpoint, 
     assert not (tmp_path / "hf").exists()
     with pytest.raises(Exception, match="--quantization is CTranslate2's"):
         export(tiny_checkpoint, tmp_path / "hf", "huggingface", quantization="int8")
+
+
+# ---- hostile directories: `seqtool import` refuses them in one line (exit 1), never exit 2 ----------------
+@pytest.fixture(scope="module")
+def small_marian(spms, tmp_path_factory) -> Path:
+    """One small MarianMTModel directory (1 + 1 layers, d_model 32): what the hostile copies below are made of."""
+    return marian_dir(spms, tmp_path_factory.mktemp("small") / "marian", encoder_layers=1, decoder_layers=1)
+
+
+def hostile(base: Path, out: Path, config=None, weights=None, files=None) -> Path:
+    """A copy of base with config.json's fields changed (config), tensors of model.safetensors replaced
+    (weights: name -> tensor), and files written whole (files: name -> bytes, or a JSON value)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(base, out)
+    if config:
+        (out / "config.json").write_text(json.dumps({**json.loads((out / "config.json").read_text()), **config}))
+    if weights:
+        save_file({**load_file(out / "model.safetensors"), **weights}, out / "model.safetensors")
+    for name, value in (files or {}).items():
+        (out / name).write_bytes(value if isinstance(value, bytes) else json.dumps(value).encode())
+    return out
+
+
+def refusal(directory: Path) -> str:
+    """import_marian's refusal of directory: a SeqtoolError (the CLI's one line and exit 1), never anything
+    else (the CLI's exit 2, "a bug in seqtool"), and no checkpoint written."""
+    from seqtool.errors import SeqtoolError
+    from seqtool.interop import import_marian
+
+    output = directory.parent / f"{directory.name}.pt"
+    with pytest.raises(SeqtoolError) as caught:
+        import_marian(directory, output)
+    assert "\n" not in str(caught.value) and not output.exists()
+    return str(caught.value)
+
+
+# the CLI, for directories an import must neither read without end nor wait on: each in a process of at most 4 GiB of
+# address space (torch itself takes under 1), stopped after 20 s; one JSON line per directory (exit status, stderr)
+BOUNDED_IMPORTS = r"""
+import json, signal, sys
+from typer.testing import CliRunner
+from seqtool.cli import app
+
+class Hung(BaseException):
+    pass
+
+def hang(*_):
+    raise Hung()
+
+signal.signal(signal.SIGALRM, hang)
+for directory in sys.argv[1:]:
+    signal.alarm(20)
+    try:
+        result = CliRunner().invoke(app, ["import", directory, "--output", directory + ".pt"])
+        print(json.dumps({"exit": result.exit_code, "stderr": result.stderr}), flush=True)
+    except Hung:
+        print(json.dumps({"exit": None, "stderr": "hung for 20 s"}), flush=True)
+    signal.alarm(0)
+"""
+
+
+def bounded_imports(directories: list[Path]) -> list[dict]:
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2 ** 30, 4 * 2 ** 30))
+
+    run = subprocess.run([sys.executable, "-c", BOUNDED_IMPORTS, *map(str, directories)], capture_output=True, text=True,
+                         timeout=300, preexec_fn=limit, env=dict(os.environ, OMP_NUM_THREADS="2"))
+    assert run.returncode == 0, run.stderr[-2000:]
+    return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+@pytest.mark.system
+def test_import_reads_only_regular_files_of_the_directory_within_caps_and_checks_sizes_first(small_marian, tmp_path):
+    """#42 item 8: /dev/zero as config.json, vocab.json or source.spm, a FIFO as source.spm, a symlink out of
+    the directory, a vocab.json over its cap and vocab_size 2^31 - 1 (16 GB of pieces, when allocated before
+    anything is checked) are each refused in one line, naming the file (and field), in bounded memory and
+    time. Symlinks within the directory, and a Hugging Face hub snapshot's into its blobs, are read."""
+    import os
+    import shutil
+
+    from seqtool.interop import VOCAB_CAP
+
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(small_marian / "vocab.json", tmp_path / "elsewhere" / "vocab.json")
+    cases = {}  # name -> (directory, what its refusal says, or None: imported)
+    for name in ("config.json", "vocab.json", "source.spm"):
+        d = hostile(small_marian, tmp_path / f"zero-{name}")
+        (d / name).unlink()
+        (d / name).symlink_to("/dev/zero")
+        cases[f"zero-{name}"] = (d, f"{name}: a symlink out of the model directory")
+    d = hostile(small_marian, tmp_path / "fifo")
+    (d / "source.spm").unlink()
+    os.mkfifo(d / "source.spm")
+    cases["fifo"] = (d, "source.spm: not a regular file (a FIFO)")
+    d = hostile(small_marian, tmp_path / "outside")
+    (d / "vocab.json").unlink()
+    (d / "vocab.json").symlink_to(tmp_path / "elsewhere" / "vocab.json")
+    cases["outside"] = (d, "vocab.json: a symlink out of the model directory")
+    d = hostile(small_marian, tmp_path / "big-vocab")
+    os.truncate(d / "vocab.json", VOCAB_CAP + 1)  # (sparse: no disk used)
+    cases["big-vocab"] = (d, f"vocab.json: {VOCAB_CAP + 1:,} bytes, over the {VOCAB_CAP:,}")
+    d = hostile(small_marian, tmp_path / "vocab-size", config={"vocab_size": 2 ** 31 - 1, "decoder_vocab_size": 2 ** 31 - 1})
+    cases["vocab-size"] = (d, "config.json gives it [1, 2147483647] (vocab_size = 2147483647)")
+    d = hostile(small_marian, tmp_path / "inside")
+    (d / "tokenizer").mkdir()
+    (d / "vocab.json").rename(d / "tokenizer" / "vocab.json")
+    (d / "vocab.json").symlink_to(Path("tokenizer") / "vocab.json")
+    cases["inside"] = (d, None)
+    snapshot = tmp_path / "hub" / "models--x--y" / "snapshots" / "0123abc"  # the hub's cache: every file a symlink to a blob
+    snapshot.mkdir(parents=True)
+    (tmp_path / "hub" / "models--x--y" / "blobs").mkdir()
+    for f in small_marian.iterdir():
+        shutil.copy(f, tmp_path / "hub" / "models--x--y" / "blobs" / f"blob-{f.name}")
+        (snapshot / f.name).symlink_to(Path("..", "..", "blobs", f"blob-{f.name}"))
+    cases["hub"] = (snapshot, None)
+    outcomes = dict(zip(cases, bounded_imports([d for d, _ in cases.values()])))
+    for name, (d, says) in cases.items():
+        got = outcomes[name]
+        if says is None:
+            assert got["exit"] == 0, (name, got)
+        else:
+            assert got["exit"] == 1 and got["stderr"].count("\n") == 1 and says in got["stderr"], (name, got)
+            assert not Path(f"{d}.pt").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("change, says", [
+    ({"config": {"d_model": "32"}}, "config.json: d_model = \"32\": not an integer"),
+    ({"config": {"d_model": None}}, "config.json: d_model = null: not an integer"),
+    ({"config": {"d_model": float("inf")}}, "config.json: d_model = Infinity: not an integer"),
+    ({"config": {"d_model": 2 ** 40}}, "config.json: d_model = 1099511627776: outside [1, 65536]"),
+    ({"files": {"config.json": [1, 2]}}, "config.json: [1, 2]: not a JSON object"),
+    ({"files": {"config.json": None}}, "config.json: null: not a JSON object"),
+    ({"files": {"generation_config.json": ["num_beams"]}}, "generation_config.json: [\"num_beams\"]: not a JSON object"),
+    ({"files": {"generation_config.json": None}}, "generation_config.json: null: not a JSON object"),
+    ({"files": {"tokenizer_config.json": []}}, "tokenizer_config.json: []: not a JSON object"),
+    ({"files": {"tokenizer_config.json": None}}, "tokenizer_config.json: null: not a JSON object"),
+    ({"files": {"tokenizer_config.json": {"unk_token": ["<unk>"]}}}, "tokenizer_config.json: unk_token = [\"<unk>\"]: not a piece"),
+    ({"files": {"tokenizer_config.json": {"source_lang": {"es": 1}}}}, "tokenizer_config.json: source_lang = {\"es\": 1}"),
+    ({"weights": {"model.encoder.layers.0.fc1.weight": torch.zeros(63, 32)}},
+     "model.safetensors: model.encoder.layers.0.fc1.weight has shape [63, 32], but config.json gives it [64, 32] (encoder_ffn_dim = 64)"),
+    ({"weights": {"model.decoder.layers.0.self_attn.q_proj.bias": torch.zeros(32, 1)}},
+     "model.safetensors: model.decoder.layers.0.self_attn.q_proj.bias has shape [32, 1], but config.json gives it [32] (d_model = 32)"),
+    ({"weights": {"model.encoder.layers.x.foo": torch.zeros(2)}}, "model.safetensors: holds model.encoder.layers.x.foo, which no MarianMTModel has"),
+    ({"weights": {"model.decoder.layers.1.fc1.bias": torch.zeros(64)}},
+     "model.safetensors: holds model.decoder.layers.1.fc1.bias, beyond the decoder_layers = 1 config.json declares"),
+], ids=["d_model-string", "d_model-null", "d_model-infinite", "d_model-huge", "config-list", "config-null", "generation-list",
+        "generation-null", "tokenizer-config-list", "tokenizer-config-null", "unk-token-list", "source-lang-object", "wrong-shape",
+        "wrong-rank", "non-numeric-layer", "extra-layer"])
+def test_import_refuses_a_hostile_value_in_one_line_naming_file_and_field(small_marian, tmp_path, change, says):
+    """#42 item 9: each of these ended in exit 2, "a bug in seqtool"; now a SeqtoolError (exit 1) naming the file and field."""
+    assert says in refusal(hostile(small_marian, tmp_path / "marian", **change))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("case", ["nan", "inf", "bool", "int", "fractional-d_model", "duplicate-ids"])
+def test_import_refuses_weights_and_values_no_model_computes_with(small_marian, tmp_path, case):
+    """#42 item 10: NaN or infinite weights (every translation empty, exit 0), bool or int weights, a fractional
+    d_model and two pieces with one id were imported; now each is refused naming the tensor or field."""
+    from safetensors.torch import load_file
+
+    state = load_file(small_marian / "model.safetensors")
+    vocab = json.loads((small_marian / "vocab.json").read_text())
+    bias = state["final_logits_bias"].clone()
+    bias[0, 7] = float("inf")
+    fc2, norm, fc1 = ("model.encoder.layers.0.fc2.weight", "model.decoder.layers.0.final_layer_norm.weight", "model.decoder.layers.0.fc1.bias")
+    change, says = {
+        "nan": ({"weights": {fc2: torch.full_like(state[fc2], float("nan"))}}, f"model.safetensors: {fc2} holds NaN or infinite values"),
+        "inf": ({"weights": {"final_logits_bias": bias}}, "model.safetensors: final_logits_bias holds NaN or infinite values"),
+        "bool": ({"weights": {norm: state[norm].bool()}}, f"model.safetensors: {norm} holds bool values; a model's weights are floating point"),
+        "int": ({"weights": {fc1: state[fc1].long()}}, f"model.safetensors: {fc1} holds int64 values"),
+        "fractional-d_model": ({"config": {"d_model": 32.5}}, "config.json: d_model = 32.5: not an integer"),
+        "duplicate-ids": ({"files": {"vocab.json": {**vocab, "<pad>": vocab["<unk>"]}}},
+                          "vocab.json: \"<unk>\" and \"<pad>\" both have id 1; one id is one piece"),
+    }[case]
+    assert says in refusal(hostile(small_marian, tmp_path / "marian", **change))
+
+
+@pytest.mark.system
+def test_imported_decoding_defaults_are_within_the_servers_caps(small_marian, tmp_path, capsys):
+    """#42 item 11: generation_config.json's num_beams 1024 made `serve` fail with "--beam 1024 is over
+    --max-beam" though no --beam was given. An import lowers it to serve's --max-beam, with a warning; a
+    checkpoint that already holds such a default serves with it lowered to the cap, with a warning; a
+    --beam given on the command line over --max-beam is still refused."""
+    import httpx
+    from servers import Server
+    from typer.testing import CliRunner
+
+    from seqtool import checkpoint
+    from seqtool.cli import app
+    from seqtool.interop import import_marian
+
+    d = hostile(small_marian, tmp_path / "marian", files={"generation_config.json": {"num_beams": 1024}})
+    assert import_marian(d, tmp_path / "model.pt")["configs"]["decoding"] == {"beam": 16}
+    assert "generation_config.json: num_beams = 1024 is over serve's --max-beam 16; the checkpoint's default beam is 16" in capsys.readouterr().err
+    held = checkpoint.load(tmp_path / "model.pt")  # as an import before this fix wrote it
+    held["configs"]["decoding"] = {"beam": 1024}
+    checkpoint.save(held, tmp_path / "held.pt")
+    server = Server(tmp_path / "held.pt")
+    try:
+        r = httpx.post(f"{server.url}/v1/translate", json={"segments": ["Hola mundo."]}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["translations"]) == 1
+    finally:
+        err = server.stop()
+    assert "the checkpoint's default beam 1024 is over --max-beam 16; serving with beam 16" in err
+    refused = CliRunner().invoke(app, ["serve", "-c", str(tmp_path / "held.pt"), "--beam", "1024", "--port", "0"])
+    assert refused.exit_code == 1 and "--beam 1024 is over --max-beam 16" in refused.stderr

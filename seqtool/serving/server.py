@@ -35,13 +35,30 @@ def listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+# the defaults a server's caps bound: (SearchOptions field, its option, ServeConfig's cap, the cap's option)
+CAPPED = (("beam", "--beam", "max_beam", "--max-beam"), ("nbest", "--nbest", "max_nbest", "--max-nbest"),
+          ("max_len_b", "--max-len-b", "max_len", "--max-len"))
+
+
 def check(options: SearchOptions, config: ServeConfig) -> None:
     """The server's own defaults within its caps (before anything starts)."""
-    for value, cap, option, cap_option in ((options.beam, config.max_beam, "--beam", "--max-beam"),
-                                           (options.nbest, config.max_nbest, "--nbest", "--max-nbest"),
-                                           (options.max_len_b, config.max_len, "--max-len-b", "--max-len")):
+    for field, option, cap_field, cap_option in CAPPED:
+        value, cap = getattr(options, field), getattr(config, cap_field)
         if value > cap:
             raise ConfigError(f"{option} {value} is over {cap_option} {cap}: the server's defaults must be within its caps")
+
+
+def within_caps(recorded: dict, config: ServeConfig) -> dict:
+    """A checkpoint's recorded decoding defaults (checkpoint.recorded_decoding) lowered to the server's
+    caps, with a warning for each: the checkpoint's default is a suggestion (an imported model's
+    num_beams), where a --beam given on the command line over --max-beam is refused (check)."""
+    out = dict(recorded)
+    for field, _, cap_field, cap_option in CAPPED:
+        value, cap = out.get(field), getattr(config, cap_field)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > cap:
+            log.warn(f"the checkpoint's default {field} {value} is over {cap_option} {cap}; serving with {field} {cap}")
+            out[field] = cap
+    return out
 
 
 def protocol(config: ServeConfig) -> dict:
