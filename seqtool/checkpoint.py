@@ -150,6 +150,16 @@ def prune_numbered(save_dir: Path, keep: int) -> list[Path]:
     return doomed
 
 
+def _looks_like_text(head: bytes) -> bool:
+    """Whether a file's first bytes are text (UTF-8, no NUL): what a checkpoint never is."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as error:
+        if error.start < len(head) - 4:  # (a character cut at the end of the sample is still text)
+            return False
+    return b"\0" not in head
+
+
 def load(path: Path, verify: bool = True) -> dict[str, Any]:
     path = Path(path)
     if not path.exists():
@@ -157,6 +167,11 @@ def load(path: Path, verify: bool = True) -> dict[str, Any]:
     if path.is_dir():
         raise InputError(f"{path}: is a directory; give a checkpoint file such as {path / 'best.pt'}")
     if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; its directory is at the end
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+        if head and not head.startswith(b"PK") and _looks_like_text(head):  # config.json, a TOML file, a corpus
+            raise InputError(f"{path}: a text file, not a checkpoint; give a .pt that seqtool train, average or import wrote "
+                             f"(e.g. SAVE_DIR/best.pt)")
         raise InputError(f"{path}: truncated or corrupted checkpoint (not a complete torch archive); copy it again or use another checkpoint")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)

@@ -43,7 +43,8 @@ from typing import Any, Optional
 import torch
 
 from . import checkpoint, log
-from .config import ModelConfig, SearchOptions, ServeConfig, field_info
+from .config import ModelConfig, SearchOptions, ServeConfig
+from .fields import field_info
 from .errors import InputError
 from .languages import CODE, Languages
 from .model import Transformer, sinusoidal_positions

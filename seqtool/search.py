@@ -46,6 +46,7 @@ from .errors import ConfigError
 from .kernels import log_softmax_
 
 __all__ = ["Hypothesis", "Sampling", "SearchOptions", "beam_search", "greedy_search", "sample", "search"]
+_OPTIONS = SearchOptions()  # the defaults of the search functions below are its own (one declaration)
 
 NEG_INF = float("-inf")
 Wanted = Callable[[], Optional[Tensor]]  # search()'s `wanted`: None (every sentence) or (B,) bool
@@ -329,7 +330,7 @@ def _arg_max(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_search(model, src: Tensor, max_len_a: float = 0.0, max_len_b: int = 200, lenpen: float = 1.0,
+def greedy_search(model, src: Tensor, max_len_a: float = _OPTIONS.max_len_a, max_len_b: int = _OPTIONS.max_len_b, lenpen: float = 1.0,
                   min_len: int = 1, prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None,
                   max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0,
                   align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
@@ -394,8 +395,8 @@ def draw(lprobs: Tensor, u: Tensor, topk: int = 0, topp: float = 1.0, temperatur
 
 
 @torch.no_grad()
-def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), max_len_a: float = 0.0,
-           max_len_b: int = 200, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None,
+def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), max_len_a: float = _OPTIONS.max_len_a,
+           max_len_b: int = _OPTIONS.max_len_b, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None,
            prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None, max_len: int = 0, no_repeat_ngram_size: int = 0,
            loop_guard: int = 0, align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """`nbest` samples per sentence, best score first, each continuing the prefix (B, P) if given.
@@ -574,7 +575,7 @@ class _Finished:
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = 0.0, max_len_b: int = 200,
+def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = _OPTIONS.max_len_a, max_len_b: int = _OPTIONS.max_len_b,
                 lenpen: float = 1.0, nbest: int = 1, min_len: int = 1, prefix: Optional[Tensor] = None,
                 constraints: Optional[ConstraintState] = None, wanted: Optional[Wanted] = None,
                 max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0,

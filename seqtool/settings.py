@@ -12,7 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .config import PRESETS, ModelConfig, OptimConfig, TrainConfig, checked_settings, model_config_for
+from .config import PRESETS, ModelConfig, OptimConfig, TrainConfig, model_config_for
+from .fields import checked_settings
 from .errors import ConfigError
 
 
@@ -28,8 +29,8 @@ def parse_duration(text: str) -> float:
     return value * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """A config file has optional [model], [optim] and [train] tables whose keys are field names."""
+def load_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's tables, or a one-line error naming the file."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -41,6 +42,12 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read config file: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    return data
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A training config file has optional [model], [optim] and [train] tables whose keys are field names."""
+    data = load_toml(path)
     unknown = sorted(set(data) - {"model", "optim", "train", "arch"})
     if unknown:
         raise ConfigError(f"{path}: unknown table(s) {', '.join(unknown)}; use [model], [optim], [train]")

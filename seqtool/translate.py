@@ -457,6 +457,26 @@ def format_translation(t: Translation, io: TranslateConfig, nbest: int) -> str:
 ATTACH = "("  # what a phrase is written after to see its pieces when attached to a preceding character
 
 
+def translate_command(checkpoints: list[Path], input: Optional[Path], output: Optional[Path], given: dict[str, Any]) -> None:
+    """`seqtool translate`: the settings given (options.py: field name -> value) over the checkpoint's
+    recorded decoding defaults (a student's beam 1), stdin or `input` to stdout or `output` (written
+    atomically, never over one of the files it reads)."""
+    mine = {f.name for f in fields(TranslateConfig)}
+    io = TranslateConfig(**{k: v for k, v in given.items() if k in mine})
+    config, options = settings(recorded=recorded_defaults(checkpoints), **{k: v for k, v in given.items() if k not in mine})
+    ensemble_or_one = checkpoints[0] if len(checkpoints) == 1 else checkpoints  # one stays a plain Path
+    if output is None:
+        translate_file(ensemble_or_one, config, options, io, input)
+        return
+    from .textio import atomic_text_output, check_output_file
+
+    check_output_file(output, [("--input", input)] + [(f"--{k.replace('_', '-')}", Path(getattr(io, k)) if getattr(io, k) else None)
+                                                      for k in ("target", "target_prefix", "constraints", "glossary")]
+                      + [("--checkpoint", c) for c in checkpoints])
+    with atomic_text_output(output) as handle:
+        translate_file(ensemble_or_one, config, options, io, input, handle)
+
+
 def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeConfig, options: SearchOptions,
                    io: TranslateConfig, input_path: Optional[Path] = None, output: Optional[TextIO] = None) -> int:
     """The `seqtool translate` command: stdin (or --input) to stdout (or an open output); returns lines.

@@ -11,7 +11,7 @@ import httpx
 LINES = [" ".join("abcdefgh"[(i * j + i) % 8] for j in range(1 + i % 9)) for i in range(96)]
 # after its drain uvicorn re-raises SIGTERM, so the process ends as one stopped by it (what process managers expect)
 STOPPED = (0, -signal.SIGTERM)
-FP32 = ["--device", "cpu", "--precision", "fp32", "--threads", "2", "--max-len-b", "8"]
+FP32 = ["--device", "cpu", "--precision", "fp32", "--threads", "2", "--max-len-a", "0", "--max-len-b", "8"]
 
 
 def free_port() -> int:

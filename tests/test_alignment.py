@@ -116,10 +116,10 @@ def test_the_searchs_own_alignments_are_the_forced_pass_of_each_sentence_alone(t
     for b, n in enumerate([8, 3, 6, 1]):  # n source tokens, EOS, padding
         src[b, n] = 3
         src[b, n + 1 :] = 0
-    options = {"greedy": SearchOptions(beam=1, max_len_b=7), "beam": SearchOptions(beam=3, nbest=3, max_len_b=7),
-               "sampling": SearchOptions(nbest=2, max_len_b=7, sampling=Sampling(seed=1)),
-               "prefix": SearchOptions(beam=2, nbest=2, max_len_b=7), "greedy prefix": SearchOptions(beam=1, max_len_b=7),
-               "constraint": SearchOptions(beam=2, max_len_b=7)}[how]
+    options = {"greedy": SearchOptions(beam=1, max_len_a=0.0, max_len_b=7), "beam": SearchOptions(beam=3, nbest=3, max_len_a=0.0, max_len_b=7),
+               "sampling": SearchOptions(nbest=2, max_len_a=0.0, max_len_b=7, sampling=Sampling(seed=1)),
+               "prefix": SearchOptions(beam=2, nbest=2, max_len_a=0.0, max_len_b=7), "greedy prefix": SearchOptions(beam=1, max_len_a=0.0, max_len_b=7),
+               "constraint": SearchOptions(beam=2, max_len_a=0.0, max_len_b=7)}[how]
     prefix = torch.tensor([[7, 8]] * 4) if "prefix" in how else None
     constraints = [[[[9, 10]]]] * 4 if how == "constraint" else None
     for layer in range(tiny_model.config.decoder_layers):
@@ -163,10 +163,10 @@ def test_print_alignment_fields_and_no_cost_when_not_asked(tiny_checkpoint, monk
     recorded = []
     record = KVCache.record
     monkeypatch.setattr(KVCache, "record", lambda self, layer: recorded.append(layer) or record(self, layer))
-    plain = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu")
+    plain = Translator.load(tiny_checkpoint, beam=2, max_len_a=0.0, max_len_b=6, device="cpu")
     plain.translate(["a b c", "d"])
     assert calls and not any(calls) and not recorded  # search never asks for weights unless alignments are wanted
-    t = Translator.load(tiny_checkpoint, beam=2, nbest=2, max_len_b=6, device="cpu", alignments=True)
+    t = Translator.load(tiny_checkpoint, beam=2, nbest=2, max_len_a=0.0, max_len_b=6, device="cpu", alignments=True)
     calls.clear()
     results = t.translate_chunk(0, ["a b c", "", "d"])
     assert not any(calls) and recorded == [1]  # no second pass: the search's own weights, the last layer's
@@ -216,7 +216,7 @@ def test_png_has_one_panel_per_head_of_each_attention(tiny_checkpoint, tmp_path)
     from seqtool.plot import show_attention
 
     out = tmp_path / "attn.png"
-    att, fig = show_attention(tiny_checkpoint, "a b c d", DecodeConfig(device="cpu"), SearchOptions(beam=2, max_len_b=5), output=out)
+    att, fig = show_attention(tiny_checkpoint, "a b c d", DecodeConfig(device="cpu"), SearchOptions(beam=2, max_len_a=0.0, max_len_b=5), output=out)
     assert imread(out).ndim == 3
     panels = _heatmap_panels(fig)
     assert len(panels) == 3 * 4  # encoder self, decoder self, encoder-decoder x 4 heads, last layer

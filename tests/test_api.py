@@ -61,18 +61,18 @@ def test_import_from_the_package_is_the_translator(api):
 
 def test_translate_returns_what_it_was_given(api):
     Translator, ckpt = api
-    t = Translator.load(ckpt, device="cpu", beam=2, max_len_b=5)
+    t = Translator.load(ckpt, device="cpu", beam=2, max_len_a=0.0, max_len_b=5)
     one = t.translate("a b")
     assert isinstance(one, str)
     assert t.translate(["a b", "", "c"]) == [one, "", t.translate("c")]
     assert t.translate(("a b",)) == [one]
-    pairs = Translator.load(ckpt, device="cpu", beam=3, nbest=2, max_len_b=5).translate(["a b", ""])
-    assert [len(p) for p in pairs] == [2, 2] and pairs[0][0] == Translator.load(ckpt, device="cpu", beam=3, max_len_b=5).translate("a b")
+    pairs = Translator.load(ckpt, device="cpu", beam=3, nbest=2, max_len_a=0.0, max_len_b=5).translate(["a b", ""])
+    assert [len(p) for p in pairs] == [2, 2] and pairs[0][0] == Translator.load(ckpt, device="cpu", beam=3, max_len_a=0.0, max_len_b=5).translate("a b")
 
 
 def test_an_iterator_is_translated_lazily(api):
     Translator, ckpt = api
-    t = Translator.load(ckpt, device="cpu", beam=1, max_len_b=4, chunk_lines=3)
+    t = Translator.load(ckpt, device="cpu", beam=1, max_len_a=0.0, max_len_b=4, chunk_lines=3)
     pulled = []
 
     def lines():
@@ -101,7 +101,7 @@ def test_load_takes_decode_options_and_refuses_unknown_ones(api, tiny_checkpoint
 def test_samples_do_not_depend_on_batching_or_chunking(api):
     Translator, ckpt = api
     lines = ["a b c", "d", "", "e f g h", "i j"] * 3
-    options = dict(device="cpu", sampling=True, nbest=2, topk=10, seed=11, max_len_b=6)
+    options = dict(device="cpu", sampling=True, nbest=2, topk=10, seed=11, max_len_a=0.0, max_len_b=6)
     reference = Translator.load(ckpt, **options).translate(lines)
     for batching in (dict(batch_size=1), dict(batch_size=4, chunk_lines=4), dict(max_tokens=7, chunk_lines=2)):
         assert Translator.load(ckpt, **options, **batching).translate(lines) == reference
@@ -158,7 +158,7 @@ def test_option_mistakes_get_one_clear_line(args, message):
 def test_cli_sampling_is_reproducible(tiny_checkpoint):
     def run(seed):
         result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--sampling",
-                                 "--nbest", "3", "--seed", str(seed), "--max-len-b", "6", "--device", "cpu"],
+                                 "--nbest", "3", "--seed", str(seed), "--max-len-a", "0", "--max-len-b", "6", "--device", "cpu"],
                                 input=b"a b c\nd e\n\nf\n", capture_output=True, timeout=120)
         assert result.returncode == 0, result.stderr.decode()
         return result.stdout.decode()
@@ -189,7 +189,7 @@ def test_worker_processes_translate_exactly_as_one_process(api, tmp_path):
     (its numbers depend on the line, not on the process)."""
     Translator, ckpt = api
     lines = [" ".join("abcdefgh"[(i * j) % 8] for j in range(1 + i % 7)) for i in range(40)] + [""]
-    options = dict(device="cpu", beam=3, nbest=2, max_len_b=8, batch_size=4, print_alignment=True)
+    options = dict(device="cpu", beam=3, nbest=2, max_len_a=0.0, max_len_b=8, batch_size=4, print_alignment=True)
     one = Translator.load(ckpt, threads=1, **options)
     with Translator.load(ckpt, threads=2, workers=2, **options) as two:
         assert two.pool is not None and two.pool.n == 2
@@ -198,21 +198,21 @@ def test_worker_processes_translate_exactly_as_one_process(api, tmp_path):
                [(t.index, t.texts, [h.tokens for h in t.hypotheses], t.alignments) for t in want]
         assert [h.score for t in got for h in t.hypotheses] == pytest.approx([h.score for t in want for h in t.hypotheses])
     assert two.pool is None  # closed
-    sampled = dict(device="cpu", sampling=True, nbest=2, max_len_b=8, batch_size=3, seed=7)
+    sampled = dict(device="cpu", sampling=True, nbest=2, max_len_a=0.0, max_len_b=8, batch_size=3, seed=7)
     with Translator.load(ckpt, threads=2, workers=2, **sampled) as two:
         assert not isinstance(two.model, torch.nn.Module)  # the workers hold the models: N workers, N models
         assert two.translate(lines) == Translator.load(ckpt, threads=1, **sampled).translate(lines)
         # a request's own search options reach the workers: here a beam search with 2-best
         from seqtool.config import SearchOptions
 
-        asked = SearchOptions(beam=3, nbest=2, max_len_b=8)
+        asked = SearchOptions(beam=3, nbest=2, max_len_a=0.0, max_len_b=8)
         assert two.translate(lines, asked) == one.translate(lines, asked)
 
 
 def _translating_with_two_workers(checkpoint) -> tuple[subprocess.Popen, list[int]]:
     """`translate --workers 2` reading a pipe, one line translated (so both workers are up), and their PIDs."""
     proc = subprocess.Popen([sys.executable, "-m", "seqtool", "translate", "-c", str(checkpoint), "--device", "cpu",
-                             "--threads", "2", "--workers", "2", "--max-len-b", "4"],
+                             "--threads", "2", "--workers", "2", "--max-len-a", "0", "--max-len-b", "4"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdin.write(b"a b\n")
     proc.stdin.flush()
@@ -255,7 +255,7 @@ def test_cli_workers_write_every_line_in_order(tiny_checkpoint):
     lines = "".join(f"{'a b c d'[: 1 + i % 7]}\n" for i in range(30))
     outs = []
     for extra in (["--threads", "1"], ["--threads", "2", "--workers", "2", "--batch-size", "4"]):
-        result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--max-len-b", "6",
+        result = subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(tiny_checkpoint), "--max-len-a", "0", "--max-len-b", "6",
                                  "--device", "cpu", "--print-scores", *extra], input=lines.encode(), capture_output=True, timeout=180)
         assert result.returncode == 0, result.stderr.decode()
         outs.append(result.stdout.decode().splitlines())

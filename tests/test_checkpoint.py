@@ -17,9 +17,9 @@ def test_round_trip_gives_identical_outputs(tiny_checkpoint, tmp_path):
     ckpt = checkpoint.load(tiny_checkpoint)
     model = checkpoint.load_model(ckpt)
     src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
-    first = beam_search(model, src, beam=3, max_len_b=10, nbest=3)
+    first = beam_search(model, src, beam=3, max_len_a=0.0, max_len_b=10, nbest=3)
     again = checkpoint.load_model(checkpoint.load(tiny_checkpoint))
-    second = beam_search(again, src, beam=3, max_len_b=10, nbest=3)
+    second = beam_search(again, src, beam=3, max_len_a=0.0, max_len_b=10, nbest=3)
     assert [[(h.tokens, h.score) for h in s] for s in first] == [[(h.tokens, h.score) for h in s] for s in second]
     for name, value in model.state_dict().items():
         assert torch.equal(value, again.state_dict()[name])

@@ -181,29 +181,105 @@ def test_score_refuses_unknown_tokenizer(tmp_path):
 
 
 @pytest.mark.unit
-def test_every_option_that_is_a_config_field_has_its_default_and_help():
-    """A default is written once: translate's, serve's and attention's options that set a field of a
-    config dataclass take the field's default (and its help, where the option does not say more
-    about its own command), so the command line and the library cannot drift apart."""
+def test_every_command_help_tells_the_truth():
+    """Every command's help as a user sees it: each option with help, a value option with its default
+    (where it has one) and a metavar by name, a flag with none; nothing taken for markup (the
+    [tensorboard] extra), no typer type labels (<int>, <list[Path]>, {files}), no help ending in
+    " .", and usage lines that name the arguments; --version answers."""
+    import re
+
     import typer.main
 
-    from seqtool.config import DecodeConfig, Sampling, SearchOptions, ServeConfig, TranslateConfig, field_info
+    group = typer.main.get_command(app)
+    assert len(group.commands) >= 10
+    for name, command in group.commands.items():
+        result = runner.invoke(app, [name, "--help"], terminal_width=2000)
+        assert result.exit_code == 0, (name, result.output)
+        text = result.output
+        assert not re.search(r"<(int|float|str|bool|path|list\[\w+\])>|\{\w+\}", text, re.I), (name, text)
+        assert not re.search(r" \.(\s|$)", text) and ".." not in text.replace("...", ""), name
+        usage = text.splitlines()[0]
+        ctx = type(group.make_context("seqtool", [name, "--help"], resilient_parsing=True))(command, info_name=name)
+        for param in command.params:
+            if param.param_type_name == "argument":
+                assert param.name.upper() in usage and param.help, (name, usage)
+                continue
+            flags, help_text = param.get_help_record(ctx)
+            assert help_text.strip(), f"{name} {flags}: no help"
+            if param.is_flag:
+                assert not re.search(r"[A-Z]{2,}$", flags), f"{name}: a flag with a metavar: {flags!r}"
+            elif param.default not in (None, "", [], ()) and not param.required:
+                assert "[default: " in help_text, f"{name} {flags}: no default shown: {help_text!r}"
+    assert "pip install 'seqtool[tensorboard]'" in runner.invoke(app, ["train", "--help"], terminal_width=2000).output
+    version = runner.invoke(app, ["--version"])
+    assert version.exit_code == 0 and re.fullmatch(r"seqtool \d+\.\d+\.\d+\S*\n", version.output)
 
-    import dataclasses
 
-    owners = [ServeConfig, SearchOptions, Sampling, DecodeConfig, TranslateConfig]
+@pytest.mark.unit
+def test_a_setting_in_scope_reaches_every_front_end_and_a_toml_table(tmp_path, monkeypatch):
+    """An option is declared once (fields.setting's scope): every SearchOptions field that a request may
+    ask for is a field of both server APIs' request models, every translate field a translate option
+    and a key of --config's [translate] table, which the command line overrides; a bad key or value
+    is one line naming the file, the table and the key."""
+    import seqtool.translate
+    from seqtool.config import DecodeConfig, Sampling, SearchOptions, TranslateConfig
+    from seqtool.fields import scoped
+    from seqtool.serving.schemas import LibreRequest, SamplingIn, TranslateIn
+
+    assert set(scoped(SearchOptions, "request")) <= set(TranslateIn.model_fields)
+    assert set(scoped(SearchOptions, "request")) - {"nbest"} <= set(LibreRequest.model_fields)
+    assert set(scoped(Sampling, "request")) == set(SamplingIn.model_fields)
+    seen = {}
+    monkeypatch.setattr(seqtool.translate, "translate_command", lambda checkpoints, input, output, given: seen.update(given))
+    (tmp_path / "run.toml").write_text("[translate]\nbeam = 3\nmax_len_b = 50\nsampling = true\ntopk = 10\nsplit_sentences = \"never\"\n")
+    result = runner.invoke(app, ["translate", "-c", "m.pt", "--config", str(tmp_path / "run.toml"), "--beam", "4"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"beam": 4, "max_len_b": 50, "sampling": True, "topk": 10, "split_sentences": "never"}
+    names = {f for cls in (SearchOptions, Sampling, DecodeConfig, TranslateConfig) for f in scoped(cls, "translate")}
+    text = runner.invoke(app, ["translate", "--help"], terminal_width=2000).output
+    assert all(f"--{n.replace('_', '-')}" in text for n in names) and len(names) >= 30
+    for table, message in (("beam = \"five\"", "run.toml: [translate]: beam = 'five': expected an integer"),
+                           ("colour = 1", "run.toml: [translate]: unknown setting(s) colour"),
+                           ("sampling = 1", "run.toml: [translate]: sampling = 1: expected true or false")):
+        (tmp_path / "run.toml").write_text(f"[translate]\n{table}\n")
+        result = runner.invoke(app, ["translate", "-c", "m.pt", "--config", str(tmp_path / "run.toml")])
+        assert result.exit_code == 1 and message in result.output, result.output
+
+
+@pytest.mark.unit
+def test_the_readme_option_tables_match_the_commands():
+    """The README's CLI reference cannot drift from the commands: each command's table lists every one
+    of its options, and a default written there (a number or a word) is the option's default."""
+    import re
+
+    import typer.main
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    group = typer.main.get_command(app)
     checked = 0
-    for command in app.registered_commands:
-        name = command.name or command.callback.__name__
-        if name not in ("translate", "serve", "attention"):
-            continue
-        click = typer.main.get_command_from_info(command, pretty_exceptions_short=False, rich_markup_mode=None)
-        for param in click.params:
-            owner = next((cls for cls in owners if param.name in {f.name for f in dataclasses.fields(cls)}), None)
-            if owner is None or param.name == "precision" and name == "attention" or param.name == "sampling":
-                continue  # (attention draws the weights as trained: fp32 unless asked; --sampling is a flag for a Sampling)
-            info = field_info(owner, param.name)
-            default = param.default if not (param.default is None and info["default"] == "") else ""
-            assert default == info["default"], f"{name} --{param.name}: {param.default!r} != {owner.__name__}'s {info['default']!r}"
-            checked += 1
-    assert checked >= 50
+    for name, command in group.commands.items():
+        head = re.search(rf"^### `seqtool {re.escape(name)}[ `].*$", readme, re.M)
+        assert head, f"README: no section for seqtool {name}"
+        rows = []
+        for line in readme[head.end():].split("\n### ", 1)[0].splitlines():
+            if line.startswith("| `-"):
+                rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        assert rows, f"README: no option table for seqtool {name}"
+        documented = {flag: row for row in rows for flag in re.findall(r"--[\w-]+", row[0])}
+        for param in command.params:
+            if param.param_type_name != "option" or param.name == "help":
+                continue
+            flag = next(o for o in param.opts if o.startswith("--"))
+            assert flag in documented, f"README: seqtool {name}'s table lacks {flag}"
+            cell = documented[flag][1]
+            default = param.default
+            number = re.match(r"-?[\d.]+(e-?\d+)?\b", cell.replace(",", ""))
+            if len(re.findall(r"--[\w-]+", documented[flag][0])) > 1:
+                continue  # (a row of several options: its defaults in order)
+            if number and isinstance(default, (int, float)) and not isinstance(default, bool):
+                assert float(number.group()) == float(default), f"README: seqtool {name} {flag}: {cell!r}, the default is {default!r}"
+                checked += 1
+            elif isinstance(default, str) and default and re.fullmatch(r"[\w.-]+", cell.split(" ")[0].strip("`")):
+                assert cell.split(" ")[0].strip("`") == default, f"README: seqtool {name} {flag}: {cell!r}, the default is {default!r}"
+                checked += 1
+    assert checked >= 40

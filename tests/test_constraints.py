@@ -34,21 +34,21 @@ def test_a_constraint_is_met_by_the_best_scoring_hypothesis_that_has_it():
     0.1; [A, A, A], 0.5 * 0.8^3, repeats it; [B, A, B, B, B] has 0.5 * 0.2 * 0.5^3): among those
     that meet the constraint the higher score wins, and its score is the model's own log-probability."""
     model = ScriptedModel([TABLE], NO_EOS)
-    free = beam_search(model, _src(), beam=3, lenpen=0.0, max_len_b=5)[0][0]
+    free = beam_search(model, _src(), beam=3, lenpen=0.0, max_len_a=0.0, max_len_b=5)[0][0]
     assert free.tokens == [B]
     for beam in (1, 3):
-        best = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=beam, lenpen=0.0, max_len_b=5), constraints=[[[[A]]]])[0][0]
+        best = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=5), constraints=[[[[A]]]])[0][0]
         assert A in best.tokens
         if beam == 3:
             assert best.tokens == [A] and best.score == pytest.approx(math.log(0.5 * 0.1))
     # a constraint the free output meets changes nothing
-    kept = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=3, lenpen=0.0, max_len_b=5), constraints=[[[[B]]]])[0][0]
+    kept = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=3, lenpen=0.0, max_len_a=0.0, max_len_b=5), constraints=[[[[B]]]])[0][0]
     assert (kept.tokens, kept.score) == (free.tokens, free.score)
 
 
 def test_phrases_and_one_of_several_forms():
     model = ScriptedModel([TABLE], NO_EOS)
-    opts = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_b=6)
+    opts = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_a=0.0, max_len_b=6)
     hyps = search(model, _src(), opts, constraints=[[[[A, B]]]])[0]
     assert _contains(hyps[0].tokens, [A, B])
     # the beam is shared among levels of progress, so at the length limit fewer than 3 may have met
@@ -56,7 +56,7 @@ def test_phrases_and_one_of_several_forms():
     met = [_contains(h.tokens, [A, B]) for h in hyps]
     assert met == sorted(met, reverse=True)
     # "A A A" or "B A": the better of the two forms that fits wins
-    best = search(model, _src(), SearchOptions(beam=3, lenpen=0.0, max_len_b=6), constraints=[[[[A, A, A], [B, A]]]])[0][0]
+    best = search(model, _src(), SearchOptions(beam=3, lenpen=0.0, max_len_a=0.0, max_len_b=6), constraints=[[[[A, A, A], [B, A]]]])[0][0]
     assert best.tokens == [A, A, A]
 
 
@@ -64,18 +64,18 @@ def test_constrained_and_free_sentences_share_a_batch_as_if_alone():
     short = {(): {A: 0.9, B: 0.1}, (A,): {EOS: 0.95, A: 0.05}}
     tables = [TABLE, short, TABLE]
     cons = [[[[A]]], [], [[[B], [A, B]], [[A]]]]
-    opts = SearchOptions(beam=3, nbest=2, lenpen=1.0, max_len_b=6)
+    opts = SearchOptions(beam=3, nbest=2, lenpen=1.0, max_len_a=0.0, max_len_b=6)
     batch = search(ScriptedModel(tables, NO_EOS), _src(3), opts, constraints=cons)
     alone = [search(ScriptedModel([t], NO_EOS), _src(), opts, constraints=[c])[0] for t, c in zip(tables, cons)]
     assert [[(h.tokens, round(h.score, 6)) for h in hs] for hs in batch] == [[(h.tokens, round(h.score, 6)) for h in hs] for hs in alone]
-    assert batch[1][0].tokens == beam_search(ScriptedModel([short], NO_EOS), _src(), beam=3, max_len_b=6)[0][0].tokens
+    assert batch[1][0].tokens == beam_search(ScriptedModel([short], NO_EOS), _src(), beam=3, max_len_a=0.0, max_len_b=6)[0][0].tokens
 
 
 def test_a_constraint_appears_exactly_once_unless_it_is_given_twice():
     """With no EOS in sight the model would say A on every step; once A is placed, A again is
     banned, unless the constraint is given twice (then exactly twice), or another constraint
     still needs it."""
-    opts = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_b=6)
+    opts = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_a=0.0, max_len_b=6)
     free = search(ScriptedModel([{}], {A: 0.6, B: 0.4}), _src(), opts.replace(loop_guard=0))[0][0]  # (the guard would stop A at 3 in a row)
     assert free.tokens.count(A) == 6
     for groups, times in (([[[A]]], 1), ([[[A]], [[A]]], 2), ([[[A, B]]], 1)):
@@ -91,7 +91,7 @@ def test_a_constraint_appears_exactly_once_unless_it_is_given_twice():
 
 
 def test_a_constraint_longer_than_the_limit_gives_the_best_output_not_a_crash():
-    out = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=2, max_len_b=2), constraints=[[[[A, B, A, B]]]])[0]
+    out = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=2, max_len_a=0.0, max_len_b=2), constraints=[[[[A, B, A, B]]]])[0]
     assert out and all(1 <= len(h.tokens) <= 2 for h in out)
 
 
@@ -141,7 +141,7 @@ def test_every_constraint_that_fits_is_in_the_best_output_whatever_shares_the_ba
     src[:, -1] = real_model.config.eos_id
     given_prefix = torch.randint(4, 50, (B_, 2), generator=g) if prefix else None
     room = max((sum(max(len(a) for a in grp) for grp in groups_b) for groups_b in groups), default=0)
-    opts = SearchOptions(beam=beam, nbest=beam, max_len_b=room + 3 + (2 if prefix else 0))
+    opts = SearchOptions(beam=beam, nbest=beam, max_len_a=0.0, max_len_b=room + 3 + (2 if prefix else 0))
     with torch.no_grad():
         out = search(real_model, src, opts, prefix=given_prefix, constraints=groups)
         for b in range(B_):
@@ -203,7 +203,7 @@ def test_a_phrase_matches_however_the_tokenizer_splits_it_in_context(tiny_checkp
     forms of its constraint."""
     from seqtool.translate import Translator
 
-    t = Translator.load(tiny_checkpoint, device="cpu", beam=2, max_len_b=8)
+    t = Translator.load(tiny_checkpoint, device="cpu", beam=2, max_len_a=0.0, max_len_b=8)
     word = next(w for w in ("abc", "hello", "abcd", "bad", "face") if t.tokenizer.pieces(w) != t.tokenizer.pieces("(" + w)[1:])
     (forms,) = t.constraint_ids([word])
     alone, attached = t.tokenizer.encode(word), t.tokenizer.encode("(" + word)[len(t.tokenizer.encode("(")):]
@@ -212,7 +212,7 @@ def test_a_phrase_matches_however_the_tokenizer_splits_it_in_context(tiny_checkp
 
 
 def _run(ckpt, data: bytes, *args):
-    return subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(ckpt), "--beam", "3", "--max-len-b", "12",
+    return subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(ckpt), "--beam", "3", "--max-len-a", "0", "--max-len-b", "12",
                            "--device", "cpu", "--precision", "fp32", *args], input=data, capture_output=True, timeout=120)
 
 
@@ -227,7 +227,7 @@ def test_cli_constraints_and_glossary_are_kept_and_equal_the_python_api(tiny_che
     assert result.returncode == 0, result.stderr.decode()
     out = result.stdout.decode().split("\n")[:4]
     assert "h g" in out[0] and "c a" in out[1] and ("e e" in out[2] or "f f" in out[2]) and out[3] == ""
-    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", beam=3, max_len_b=12)
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", beam=3, max_len_a=0.0, max_len_b=12)
     assert t.translate(lines, constraints=[["h g"], ["c a"], [["e e", "f f"]], []]) == out
 
 
@@ -237,7 +237,7 @@ def test_cli_refuses_bad_constraints_naming_file_and_line_and_warns_when_one_doe
     err = result.stderr.decode().strip().splitlines()
     assert result.returncode == 1 and err[-1].startswith(f"error: {tmp_path / 'c.jsonl'}:2: not JSON"), err
     (tmp_path / "c.jsonl").write_text(json.dumps(["a b c d e f g h a b c d e f g h"]) + "\n", encoding="utf-8")
-    result = _run(tiny_checkpoint, b"a\n", "--constraints", str(tmp_path / "c.jsonl"), "--max-len-b", "3")
+    result = _run(tiny_checkpoint, b"a\n", "--constraints", str(tmp_path / "c.jsonl"), "--max-len-a", "0", "--max-len-b", "3")
     assert result.returncode == 0 and result.stdout.decode().count("\n") == 1
     assert "line 1: the translation lacks a constraint" in result.stderr.decode()
     result = _run(tiny_checkpoint, b"a\n", "--constraints", str(tmp_path / "c.jsonl"), "--sampling")
@@ -252,5 +252,5 @@ def test_an_ensemble_keeps_constraints_in_every_n_best_output_that_has_room(real
     src = torch.tensor([[5, 6, 7, 8, real_model.config.eos_id]])
     groups = [[[[11, 12]], [[30], [31, 32]]]]
     with torch.no_grad():
-        hyps = search(Ensemble([real_model, other]), src, SearchOptions(beam=4, nbest=2, max_len_b=12), constraints=groups)[0]
+        hyps = search(Ensemble([real_model, other]), src, SearchOptions(beam=4, nbest=2, max_len_a=0.0, max_len_b=12), constraints=groups)[0]
     assert len(hyps) == 2 and all(satisfied(h.tokens, groups[0]) for h in hyps)

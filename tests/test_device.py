@@ -49,16 +49,16 @@ def test_translate_resolves_auto_once_and_warns_on_emulated_bf16(cpu_flags, tiny
     from seqtool.translate import Translator
 
     cpu_flags(capability="AVX2")
-    t = Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_b=4)
+    t = Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_a=0.0, max_len_b=4)
     assert t.config.precision == "fp32" and next(t.model.parameters()).dtype == torch.float32
     cpu_flags(amx=True, avx512_bf16=True, capability="AVX512")
-    t = Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_b=4)
+    t = Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_a=0.0, max_len_b=4)
     assert t.config.precision == "bf16" and next(t.model.parameters()).dtype == torch.bfloat16
-    t = Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_b=4, quantize="int8")
+    t = Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_a=0.0, max_len_b=4, quantize="int8")
     assert t.config.precision == "fp32"  # int8 computes in int8 and float32
     capsys.readouterr()
     cpu_flags(capability="AVX2")
-    Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_b=4, precision="bf16")
+    Translator.load(tiny_checkpoint, device="cpu", beam=1, max_len_a=0.0, max_len_b=4, precision="bf16")
     assert "has no bfloat16 instructions" in capsys.readouterr().err
 
 

@@ -13,7 +13,7 @@ from servers import Server
 
 pytestmark = pytest.mark.system
 
-FP32 = ["--device", "cpu", "--precision", "fp32", "--threads", "2", "--max-len-b", "8"]
+FP32 = ["--device", "cpu", "--precision", "fp32", "--threads", "2", "--max-len-a", "0", "--max-len-b", "8"]
 
 
 def translate(checkpoint, *args, stdin: str):

@@ -57,9 +57,9 @@ def test_an_ensemble_of_a_model_with_itself_is_that_model(models):
     model = models[0]
     pair = Ensemble([model, model])
     src = _sources()
-    _assert_same(_flat(greedy_search(pair, src, max_len_b=12)), _flat(greedy_search(model, src, max_len_b=12)))
-    _assert_same(_flat(beam_search(pair, src, beam=4, nbest=4, max_len_b=12)), _flat(beam_search(model, src, beam=4, nbest=4, max_len_b=12)))
-    options = dict(nbest=3, sampling=Sampling(seed=9), max_len_b=12)
+    _assert_same(_flat(greedy_search(pair, src, max_len_a=0.0, max_len_b=12)), _flat(greedy_search(model, src, max_len_a=0.0, max_len_b=12)))
+    _assert_same(_flat(beam_search(pair, src, beam=4, nbest=4, max_len_a=0.0, max_len_b=12)), _flat(beam_search(model, src, beam=4, nbest=4, max_len_a=0.0, max_len_b=12)))
+    options = dict(nbest=3, sampling=Sampling(seed=9), max_len_a=0.0, max_len_b=12)
     _assert_same(_flat(sample(pair, src, **options)), _flat(sample(model, src, **options)))
 
 
@@ -95,9 +95,9 @@ def test_ensemble_beam_scores_match_full_recomputation(models, lenpen):
 @pytest.mark.unit
 def test_ensemble_differs_from_each_member(models):
     src = _sources()
-    pair = _flat(beam_search(Ensemble(list(models)), src, beam=3, max_len_b=12))
+    pair = _flat(beam_search(Ensemble(list(models)), src, beam=3, max_len_a=0.0, max_len_b=12))
     for m in models:
-        assert pair != _flat(beam_search(m, src, beam=3, max_len_b=12))
+        assert pair != _flat(beam_search(m, src, beam=3, max_len_a=0.0, max_len_b=12))
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_cli_ensemble_of_a_checkpoint_with_itself_prints_the_same(tiny_checkpoin
     def run(*checkpoints):
         args = [a for c in checkpoints for a in ("-c", str(c))]
         result = subprocess.run([sys.executable, "-m", "seqtool", "translate", *args, "--beam", "3", "--nbest", "2",
-                                 "--max-len-b", "6", "--device", "cpu"], input=b"a b c\n\nd e\nf\n", capture_output=True,
+                                 "--max-len-a", "0", "--max-len-b", "6", "--device", "cpu"], input=b"a b c\n\nd e\nf\n", capture_output=True,
                                 timeout=120)
         assert result.returncode == 0, result.stderr.decode()
         return result.stdout.decode()
@@ -142,7 +142,7 @@ def test_cli_ensemble_of_a_checkpoint_with_itself_prints_the_same(tiny_checkpoin
 
 @pytest.mark.integration
 def test_translator_loads_an_ensemble(tiny_checkpoint):
-    t = Translator.load([tiny_checkpoint, tiny_checkpoint], beam=2, max_len_b=6, device="cpu", alignments=True)
+    t = Translator.load([tiny_checkpoint, tiny_checkpoint], beam=2, max_len_a=0.0, max_len_b=6, device="cpu", alignments=True)
     assert isinstance(t.model, Ensemble) and len(t.model.models) == 2
     out = t.translate_chunk(0, ["a b c", ""])
     assert len(out) == 2 and out[0].alignments is not None  # alignments from the first member

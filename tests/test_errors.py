@@ -31,7 +31,7 @@ from seqtool.translate import settings, translate_file
 
 runner = CliRunner()
 PYTHON = [sys.executable, "-m", "seqtool"]
-TRANSLATE = ["--beam", "1", "--max-len-b", "4", "--device", "cpu", "--precision", "fp32"]  # fp32: stderr holds only what a test looks for
+TRANSLATE = ["--beam", "1", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu", "--precision", "fp32"]  # fp32: stderr holds only what a test looks for
 TRAIN = ["--arch", "tiny", "--max-tokens", "600", "--threads", "1", "--device", "cpu"]
 
 
@@ -272,7 +272,9 @@ def test_truncated_or_corrupted_checkpoints(tiny_checkpoint, tmp_path):
     torch.save(ckpt, tmp_path / "tok.pt")
     one_error(cli("translate", "-c", tmp_path / "tok.pt", *TRANSLATE, input=b"a\n"), "the tokenizer does not match its stored sha256")
     (tmp_path / "text.pt").write_text("not a checkpoint\n")
-    one_error(cli("average", tmp_path / "text.pt", "--output", tmp_path / "avg.pt"), "text.pt: truncated or corrupted checkpoint")
+    one_error(cli("average", tmp_path / "text.pt", "--output", tmp_path / "avg.pt"), "text.pt: a text file, not a checkpoint")
+    (tmp_path / "config.json").write_text('{"model": {"d_model": 256}}\n')  # the run folder's other file, given by mistake
+    one_error(cli("translate", "-c", tmp_path / "config.json", *TRANSLATE, input=b"a\n"), "config.json: a text file, not a checkpoint; give a .pt")
     assert not (tmp_path / "avg.pt").exists()
 
 
@@ -386,7 +388,7 @@ def test_stdin_closed_or_a_terminal(tiny_checkpoint, tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(sys, "stdin", Terminal())
     out = io.StringIO()
-    assert translate_file(tiny_checkpoint, *settings(beam=1, max_len_b=4, device="cpu"), TranslateConfig(), None, out) == 1
+    assert translate_file(tiny_checkpoint, *settings(beam=1, max_len_a=0.0, max_len_b=4, device="cpu"), TranslateConfig(), None, out) == 1
     assert "reading from the terminal: type lines, end with Ctrl-D" in capsys.readouterr().err
 
 

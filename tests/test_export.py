@@ -54,7 +54,7 @@ def test_ctranslate2_decodes_the_export_as_seqtool_does(corpus, pre_norm, layers
     assert {"model.bin", "config.json", "sentencepiece.model"} <= {p.name for p in out.iterdir()}
     lines = texts["test"][0] + texts["train"][0][:10]
     # (CTranslate2 has no loop guard: random weights loop, so seqtool's is off for the comparison)
-    translator = Translator.load(ckpt, beam=1, max_len_b=25, device="cpu", precision="fp32", loop_guard=0)
+    translator = Translator.load(ckpt, beam=1, max_len_a=0.0, max_len_b=25, device="cpu", precision="fp32", loop_guard=0)
     ours = translator.translate_chunk(0, lines)
     piece = translator.tokenizer.sp.id_to_piece
 

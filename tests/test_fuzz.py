@@ -65,7 +65,7 @@ def as_text(raw: bytes) -> str:
 
 @pytest.fixture(scope="module")
 def greedy(tiny_checkpoint):
-    return Translator.load(tiny_checkpoint, beam=1, max_len_b=5, batch_size=4, max_tokens=40, device="cpu", chunk_lines=5)
+    return Translator.load(tiny_checkpoint, beam=1, max_len_a=0.0, max_len_b=5, batch_size=4, max_tokens=40, device="cpu", chunk_lines=5)
 
 
 @FUZZ
@@ -111,7 +111,7 @@ def test_binarize_then_read_back_gives_the_encoded_ids(tiny_checkpoint, pairs, f
 @given(lines=st.lists(LINE, max_size=6))
 def test_cli_translate_counts_lines(tiny_checkpoint, lines):
     data = as_file(lines, True)
-    result = CliRunner().invoke(app, ["translate", "-c", str(tiny_checkpoint), "--beam", "2", "--max-len-b", "4", "--device", "cpu"], input=data)
+    result = CliRunner().invoke(app, ["translate", "-c", str(tiny_checkpoint), "--beam", "2", "--max-len-a", "0", "--max-len-b", "4", "--device", "cpu"], input=data)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.count("\n") == len(lines)
     assert "Traceback" not in result.stderr

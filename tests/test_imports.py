@@ -4,6 +4,7 @@ training module (so a server or a decoding worker never pays for, or depends on,
 import ast
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -14,36 +15,19 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "seqtool"
 # the shard format, is shared: its packer batches decoding too)
 TRAINING = {"training", "binarize"}
 
-# The layers, top to bottom: a module imports only modules of layers below its own (lazily or not).
-# cli -> commands (training.train | plot, info, export) -> training steps -> translate -> search, ensemble,
-# workers -> checkpoint, tokenizer -> model, device -> kernels, cache, config, text I/O -> log, errors.
-LAYERS = [
-    {"__main__"},
-    {"cli"},
-    {"serving.pool"},
-    {"serving.server"},
-    {"serving.app"},
-    {"serving.endpoints"},
-    {"serving.prepare", "serving.metrics", "serving.access", "serving.detect", "serving.connections"},
-    {"serving.schemas", "serving.batcher"},
-    {"training.train", "plot", "info", "export"},
-    {"training.job"},
-    {"training.distill", "training.multilingual"},
-    {"training.validate", "training.finetune", "training.update", "binarize", "training.distributed", "training.ema",
-     "training.schedule", "training.metrics", "training.savedir"},
-    {"translate", "training.loss", "interop"},
-    {"reference_score"},
-    {"pipeline"},
-    {"ensemble", "search", "workers", "alignment", "score"},
-    {"checkpoint", "precision", "tokenizer", "terms", "documents.formats"},
-    {"documents.markdown"},
-    {"documents.html"},
-    {"documents.skeleton", "documents.placement", "documents.protect", "documents.sentences"},
-    {"model", "device", "allocator", "settings", "linereader", "documents.spans"},
-    {"kernels", "cache", "constraints", "config", "textio", "runlock", "data", "languages"},
-    {"exits"},
-    {"log", "errors", "interrupts", "procpool"},
-]
+ARCHITECTURE = PACKAGE.parent / "ARCHITECTURE.md"
+
+
+def layers(text: str) -> list[set[str]]:
+    """The layers, top to bottom, as ARCHITECTURE.md's table gives them: a row per layer, its modules in
+    backquotes in the second column. The document is the contract, so it cannot drift from the code."""
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| ") and line.count("|") >= 4]
+    out = [set(re.findall(r"`([\w.]+)`", row[2])) for row in rows if re.fullmatch(r" \d+[a-z]? ", row[1])]
+    assert out and all(out), "ARCHITECTURE.md: no layer table, or a row without modules"
+    return out
+
+
+LAYERS = layers(ARCHITECTURE.read_text(encoding="utf-8"))
 SUBPACKAGES = {"serving", "training"}  # only cli imports them
 
 
@@ -139,7 +123,9 @@ def test_every_module_imports_only_the_layers_below_it():
     layer_of = {m: i for i, layer in enumerate(LAYERS) for m in layer}
     g = graph()
     unplaced = sorted(set(g) - set(layer_of))
-    assert not unplaced, f"modules in no layer (add them to LAYERS): {unplaced}"
+    assert not unplaced, f"modules in no layer (add them to ARCHITECTURE.md's table): {unplaced}"
+    stale = sorted(set(layer_of) - set(g))
+    assert not stale, f"ARCHITECTURE.md's table names modules that do not exist: {stale}"
     upward = [f"{m} (layer {layer_of[m]}) imports {n} (layer {layer_of[n]})"
               for m in sorted(g) for n in sorted(g[m]) if layer_of[n] <= layer_of[m]]
     assert not upward, "imports against the layers: " + "; ".join(upward)
@@ -162,3 +148,17 @@ def test_the_contract_resolves_subpackages(tmp_path, monkeypatch):
     assert g["translate"] == {"serving.app"}
     with pytest.raises(AssertionError, match="only cli may import a subpackage: translate imports serving.app"):
         test_only_the_cli_imports_the_subpackages()
+
+
+@pytest.mark.unit
+def test_the_architecture_document_is_the_contract(monkeypatch):
+    """A module left out of ARCHITECTURE.md's table, or a name there that is no module, fails the layer
+    test: the document cannot drift from the code (a planted misspelling proves the check fires)."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    assert "`fields`" in text
+    monkeypatch.setattr(sys.modules[__name__], "LAYERS", layers(text.replace("`fields`", "`feilds`")))
+    with pytest.raises(AssertionError, match=r"in no layer .*'fields'"):
+        test_every_module_imports_only_the_layers_below_it()
+    monkeypatch.setattr(sys.modules[__name__], "LAYERS", layers(text.replace("`fields`", "`fields`, `vanished`")))
+    with pytest.raises(AssertionError, match=r"do not exist: \['vanished'\]"):
+        test_every_module_imports_only_the_layers_below_it()

@@ -58,7 +58,8 @@ def test_info_of_a_checkpoint_without_progress(tiny_checkpoint):
     assert "weights only" in info.to_text()
 
 
-@pytest.mark.parametrize("content, message", [(None, "no such checkpoint"), (b"not a checkpoint", "truncated or corrupted")])
+@pytest.mark.parametrize("content, message", [(None, "no such checkpoint"), (b"not a checkpoint", "a text file, not a checkpoint"),
+                                              (b"\x00\x01binary", "truncated or corrupted")])
 def test_missing_or_corrupt_file_is_one_line(tmp_path, content, message):
     path = tmp_path / "x.pt"
     if content is not None:

@@ -217,17 +217,17 @@ def test_seqtool_import_then_translate_with_seqtool_features(spms, tmp_path):
     meta = json.loads((tmp_path / "tuned" / "data" / "meta.json").read_text())
     english = Tokenizer(checkpoint.tokenizer_bytes(tuned)).encode_batch([bible("train", "en", 1)[0]], "target")[0]
     assert meta["special_ids"]["eos"] == 0 and english == tok(text_target=bible("train", "en", 1)).input_ids[0][:-1]
-    assert len(seqtool("translate", "-c", "tuned/best.pt", "--max-len-b", "10", cwd=tmp_path, stdin=lines[0] + "\n").stdout.splitlines()) == 1
-    int8 = seqtool("translate", "-c", "model.pt", "--quantize", "int8", "--max-len-b", "20", cwd=tmp_path, stdin="\n".join(lines[:5]) + "\n")
+    assert len(seqtool("translate", "-c", "tuned/best.pt", "--max-len-a", "0", "--max-len-b", "10", cwd=tmp_path, stdin=lines[0] + "\n").stdout.splitlines()) == 1
+    int8 = seqtool("translate", "-c", "model.pt", "--quantize", "int8", "--max-len-a", "0", "--max-len-b", "20", cwd=tmp_path, stdin="\n".join(lines[:5]) + "\n")
     assert len(int8.stdout.splitlines()) == 5
     (tmp_path / "prefix.txt").write_text("And\n")  # encoded by target.spm
-    prefixed = seqtool("translate", "-c", "model.pt", "--beam", "2", "--max-len-b", "20", "--target-prefix", "prefix.txt", cwd=tmp_path,
+    prefixed = seqtool("translate", "-c", "model.pt", "--beam", "2", "--max-len-a", "0", "--max-len-b", "20", "--target-prefix", "prefix.txt", cwd=tmp_path,
                        stdin=lines[0] + "\n").stdout
     assert prefixed.startswith("And")
-    bf16 = seqtool("translate", "-c", "model.pt", "--precision", "bf16", "--max-len-b", "20", cwd=tmp_path, stdin="\n".join(lines[:5]) + "\n")
+    bf16 = seqtool("translate", "-c", "model.pt", "--precision", "bf16", "--max-len-a", "0", "--max-len-b", "20", cwd=tmp_path, stdin="\n".join(lines[:5]) + "\n")
     assert len(bf16.stdout.splitlines()) == 5
     (tmp_path / "page.html").write_text(f"<p>{lines[0]} <b>{lines[1]}</b></p>\n<pre>{lines[2]}</pre>\n")
-    page = seqtool("translate", "-c", "model.pt", "--format", "html", "-i", "page.html", "--max-len-b", "20", cwd=tmp_path).stdout
+    page = seqtool("translate", "-c", "model.pt", "--format", "html", "-i", "page.html", "--max-len-a", "0", "--max-len-b", "20", cwd=tmp_path).stdout
     assert page.count("<b>") == 1 and f"<pre>{lines[2]}</pre>" in page  # tags kept, pre untouched
     again = cli("import", d, "--output", "model.pt", cwd=tmp_path)
     assert again.returncode == 1 and "already exists" in again.stderr
@@ -255,7 +255,7 @@ def test_an_imported_model_serves_keeps_terminology_and_draws_its_attention(spms
     lines = bible("test", "es", 6)
     want = [["the Lord"], [], [["the house", "the houses"]], ["Jesus said"], [], ["and the"]]
     (tmp_path / "c.jsonl").write_text("".join(json.dumps(w) + "\n" for w in want))
-    out = seqtool("translate", "-c", "model.pt", "--constraints", "c.jsonl", "--max-len-b", "25", "--precision", "fp32",
+    out = seqtool("translate", "-c", "model.pt", "--constraints", "c.jsonl", "--max-len-a", "0", "--max-len-b", "25", "--precision", "fp32",
                   cwd=tmp_path, stdin="\n".join(lines) + "\n").stdout.splitlines()
     assert len(out) == 6
     for text, phrases in zip(out, want):  # every constraint appears (one of the forms, for a list)
@@ -268,7 +268,7 @@ def test_an_imported_model_serves_keeps_terminology_and_draws_its_attention(spms
     server = Server(tmp_path / "model.pt")
     try:
         assert httpx.get(f"{server.url}/languages").json()[0] | {"name": None} == {"code": "es", "name": None, "targets": ["en"]}
-        t = Translator.load(tmp_path / "model.pt", device="cpu", precision="fp32", threads=2, max_len_b=8)
+        t = Translator.load(tmp_path / "model.pt", device="cpu", precision="fp32", threads=2, max_len_a=0.0, max_len_b=8)
         r = httpx.post(f"{server.url}/translate", json={"q": lines[:3], "source": "es", "target": "en"}, timeout=60)
         assert r.status_code == 200 and r.json()["translatedText"] == t.translate(lines[:3])
         r = httpx.post(f"{server.url}/v1/translate", json={"segments": lines, "constraints": want}, timeout=60)

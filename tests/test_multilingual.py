@@ -189,7 +189,7 @@ def test_the_server_lists_languages_and_translates_into_the_requested_target(mul
 
     d, texts = multi
     sources, reversed_ = texts[("es", "en", "test")]
-    server = Server(d / "run" / "best.pt", "--max-len-b", "40")
+    server = Server(d / "run" / "best.pt", "--max-len-a", "0", "--max-len-b", "40")
     base = server.url
     try:
         languages = httpx.get(f"{base}/languages").json()

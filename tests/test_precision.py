@@ -81,7 +81,7 @@ def test_bf16_casts_the_weights_once_and_scores_stay_float32(tiny_checkpoint, ba
     assert {p.dtype for p in b.parameters()} == {torch.bfloat16}
     ref, got = _lprobs(fp32, *batch), _lprobs(b, *batch)
     assert (got - ref).abs().max() < 0.1
-    t = Translator.load(tiny_checkpoint, beam=3, nbest=2, max_len_b=6, device="cpu", precision="bf16")
+    t = Translator.load(tiny_checkpoint, beam=3, nbest=2, max_len_a=0.0, max_len_b=6, device="cpu", precision="bf16")
     out = t.translate_chunk(0, ["a b c", "", "d e"])
     assert [len(x.hypotheses) for x in out] == [2, 0, 2]
     assert all(isinstance(h.score, float) and h.score <= 0 for x in out for h in x.hypotheses)
@@ -91,8 +91,8 @@ def test_bf16_casts_the_weights_once_and_scores_stay_float32(tiny_checkpoint, ba
 @pytest.mark.integration
 def test_translations_match_fp32_for_most_lines(tiny_checkpoint, precision_name, quantize):
     lines = ["a b c d", "e f g", "h i j a b", "c", "j i h g f e"]
-    ref = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu").translate(lines)
-    got = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu", precision=precision_name,
+    ref = Translator.load(tiny_checkpoint, beam=2, max_len_a=0.0, max_len_b=6, device="cpu").translate(lines)
+    got = Translator.load(tiny_checkpoint, beam=2, max_len_a=0.0, max_len_b=6, device="cpu", precision=precision_name,
                                                         quantize=quantize).translate(lines)
     assert len(got) == len(lines)
     assert sum(a == b for a, b in zip(ref, got)) >= 3
@@ -131,7 +131,7 @@ def test_quantize_option_reaches_the_library_call(monkeypatch):
 @pytest.mark.system
 def test_cli_int8_translates_without_deprecation_noise(tiny_checkpoint):
     result = subprocess.run([sys.executable, "-W", "default", "-m", "seqtool", "translate", "-c", str(tiny_checkpoint),
-                             "--beam", "2", "--max-len-b", "5", "--device", "cpu", "--quantize", "int8"],
+                             "--beam", "2", "--max-len-a", "0", "--max-len-b", "5", "--device", "cpu", "--quantize", "int8"],
                             input=b"a b\n\nc d e\n", capture_output=True, timeout=120)
     assert result.returncode == 0, result.stderr.decode()
     assert result.stdout.count(b"\n") == 3

@@ -36,7 +36,7 @@ def test_reference_score_equals_the_beam_score_of_the_same_hypothesis(members, l
     src[:, -1] = EOS
     src[1, 4:] = PAD
     src[1, 3] = EOS
-    hyps = beam_search(model, src, beam=3, nbest=3, max_len_b=10, lenpen=lenpen)
+    hyps = beam_search(model, src, beam=3, nbest=3, max_len_a=0.0, max_len_b=10, lenpen=lenpen)
     # every hypothesis fed back as a reference, all in one batch (rows of different lengths)
     rows = [(b, h) for b, sent in enumerate(hyps) for h in sent]
     sources = src[torch.tensor([b for b, _ in rows])]

@@ -69,8 +69,8 @@ def _src(*rows):
 WANTS_A = LastToken({}, {A: 0.6, B: 0.4})  # "A A A A ...", never an end
 PERIOD_2 = LastToken({BOS: {A: 1.0}, A: {B: 0.9, C: 0.1}, B: {A: 0.9, C: 0.1}, C: {A: 0.5, B: 0.5}}, {A: 1.0})  # "A B A B ..."
 
-MODES = {"greedy": SearchOptions(beam=1, max_len_b=12), "beam": SearchOptions(beam=3, nbest=3, max_len_b=12),
-         "sampling": SearchOptions(nbest=8, max_len_b=12, sampling=Sampling(seed=3))}
+MODES = {"greedy": SearchOptions(beam=1, max_len_a=0.0, max_len_b=12), "beam": SearchOptions(beam=3, nbest=3, max_len_a=0.0, max_len_b=12),
+         "sampling": SearchOptions(nbest=8, max_len_a=0.0, max_len_b=12, sampling=Sampling(seed=3))}  # flat caps
 
 
 def _outputs(model, src, options, **kw):
@@ -90,12 +90,12 @@ def test_the_guard_keeps_a_token_to_three_in_a_row_and_off_lets_it_run():
 
 def test_a_period_two_loop_is_broken_at_its_fourth_copy():
     """'cada vez cada vez cada vez cada' may not go on with 'vez'; the next best token comes."""
-    assert _outputs(PERIOD_2, _src([8]), MODES["greedy"].replace(max_len_b=16, loop_guard=0)) == [[[A, B] * 8]]
-    assert _outputs(PERIOD_2, _src([8]), MODES["greedy"].replace(max_len_b=16)) == [[[A, B, A, B, A, B, A, C] * 2]]
+    assert _outputs(PERIOD_2, _src([8]), MODES["greedy"].replace(max_len_a=0.0, max_len_b=16, loop_guard=0)) == [[[A, B] * 8]]
+    assert _outputs(PERIOD_2, _src([8]), MODES["greedy"].replace(max_len_a=0.0, max_len_b=16)) == [[[A, B, A, B, A, B, A, C] * 2]]
     for mode, options in MODES.items():
-        for t in _outputs(PERIOD_2, _src([8]), options.replace(max_len_b=16))[0]:
+        for t in _outputs(PERIOD_2, _src([8]), options.replace(max_len_a=0.0, max_len_b=16))[0]:
             assert copies_in_a_row(t) <= 3, (mode, t)
-    for t in _outputs(PERIOD_2, _src([8]), MODES["beam"].replace(max_len_b=16, loop_guard=2))[0]:  # not even twice
+    for t in _outputs(PERIOD_2, _src([8]), MODES["beam"].replace(max_len_a=0.0, max_len_b=16, loop_guard=2))[0]:  # not even twice
         assert copies_in_a_row(t) == 1, t
 
 
@@ -117,7 +117,7 @@ def test_the_guard_counts_a_target_prefix_as_output():
         for t in _outputs(WANTS_A, _src([8]), options, prefix=prefix)[0]:
             assert t[:4] == [A, A, A, B], (mode, t)
     # the prefix itself is given, never banned: a prefix with a run goes on with the next best token
-    assert _outputs(WANTS_A, _src([8]), MODES["greedy"].replace(max_len_b=6), prefix=torch.tensor([[A] * 5]))[0][0][:6] == [A] * 5 + [B]
+    assert _outputs(WANTS_A, _src([8]), MODES["greedy"].replace(max_len_a=0.0, max_len_b=6), prefix=torch.tensor([[A] * 5]))[0][0][:6] == [A] * 5 + [B]
 
 
 def test_a_row_whose_every_token_is_banned_ends_with_a_finite_score():
@@ -134,7 +134,7 @@ def test_a_row_whose_every_token_is_banned_ends_with_a_finite_score():
 # ---- with constraints: a constraint wins over the bans --------------------------------------------
 def test_a_constraint_that_needs_a_run_gets_it_and_the_guard_still_holds_elsewhere():
     wants_b = LastToken({}, {B: 0.6, A: 0.4})
-    options = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_b=10)
+    options = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_a=0.0, max_len_b=10)
     for beam in (1, 3):
         hyps = search(wants_b, _src([8]), options.replace(beam=beam, nbest=beam), constraints=[[[[A] * 5]]])[0]
         best = hyps[0].tokens
@@ -213,7 +213,7 @@ def test_no_ngram_appears_twice(looping_model, mode, ngram, seed, prefix):
     given_prefix = torch.randint(4, 40, (3, 2), generator=g) if prefix else None
     if given_prefix is not None and ngram == 1:
         given_prefix[:, 1] = (given_prefix[:, 0] - 3) % 36 + 4  # a prefix that repeats no token itself
-    options = MODES[mode].replace(max_len_b=20, no_repeat_ngram_size=ngram, loop_guard=0)
+    options = MODES[mode].replace(max_len_a=0.0, max_len_b=20, no_repeat_ngram_size=ngram, loop_guard=0)
     for sentence in _outputs(looping_model, src, options, prefix=given_prefix):
         assert sentence and all(repeated_ngrams(t, ngram) == 0 for t in sentence)
     if ngram <= 2:  # the bans did something
@@ -226,7 +226,7 @@ def test_every_token_banned_ends_the_output_not_the_search(looping_model):
     takes distinct tokens until none is left, then ends."""
     src = _sources(torch.Generator().manual_seed(0), 2)
     for mode, options in MODES.items():
-        hyps = search(looping_model, src, options.replace(max_len_b=80, min_len=60, no_repeat_ngram_size=1))
+        hyps = search(looping_model, src, options.replace(max_len_a=0.0, max_len_b=80, min_len=60, no_repeat_ngram_size=1))
         for sentence in hyps:
             assert sentence, mode
             for h in sentence:
@@ -239,7 +239,7 @@ def test_the_default_guard_holds_and_a_sentence_does_not_depend_on_its_batch_mat
     g = torch.Generator().manual_seed(seed)
     src = _sources(g, 4)
     src[1, 1:5] = src[1, 0]  # a source with a run: its output is not guarded
-    options = MODES[mode].replace(max_len_b=24, no_repeat_ngram_size=ngram)
+    options = MODES[mode].replace(max_len_a=0.0, max_len_b=24, no_repeat_ngram_size=ngram)
     keys = torch.arange(10, 14)
     with torch.no_grad():
         batch = search(looping_model, src, options, keys=keys)

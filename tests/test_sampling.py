@@ -96,10 +96,10 @@ def _all_tokens(hyps):
 
 def test_tokens_outside_the_top_k_are_never_drawn():
     model = ScriptedModel([{}] * 4, FLAT)
-    hyps = sample(model, torch.tensor([[7, EOS]] * 4), nbest=50, sampling=Sampling(topk=2), max_len_b=6)
+    hyps = sample(model, torch.tensor([[7, EOS]] * 4), nbest=50, sampling=Sampling(topk=2), max_len_a=0.0, max_len_b=6)
     assert _all_tokens(hyps) == {A, B}  # EOS is third: sentences run to the length limit (EOS forced)
     assert all(len(h.tokens) == 6 for sent in hyps for h in sent)
-    everything = sample(model, torch.tensor([[7, EOS]] * 4), nbest=50, sampling=Sampling(), max_len_b=6)
+    everything = sample(model, torch.tensor([[7, EOS]] * 4), nbest=50, sampling=Sampling(), max_len_a=0.0, max_len_b=6)
     assert _all_tokens(everything) == {UNK, A, B}  # without top-k, the rare token does appear
 
 
@@ -107,7 +107,7 @@ def test_tokens_outside_the_nucleus_are_never_drawn():
     model = ScriptedModel([{}] * 4, FLAT)
     # 0.4 + 0.3 + 0.2 reach 0.85: UNK (0.1) is outside. At the first step EOS is banned, so the
     # nucleus of (A 0.5, B 0.375, UNK 0.125) is A and B.
-    hyps = sample(model, torch.tensor([[7, EOS]] * 4), nbest=50, sampling=Sampling(topp=0.85), max_len_b=8)
+    hyps = sample(model, torch.tensor([[7, EOS]] * 4), nbest=50, sampling=Sampling(topp=0.85), max_len_a=0.0, max_len_b=8)
     assert _all_tokens(hyps) == {A, B}
     ends = {len(h.tokens) for sent in hyps for h in sent}
     assert min(ends) < 8  # EOS was in the nucleus from the second step on
@@ -116,7 +116,7 @@ def test_tokens_outside_the_nucleus_are_never_drawn():
 def test_nbest_samples_per_sentence_best_first_with_model_scores():
     table = {(): {A: 0.5, B: 0.5}, (A,): {EOS: 0.9, A: 0.1}, (B,): {EOS: 0.6, B: 0.4}}
     model = ScriptedModel([table], NO_EOS)
-    hyps = sample(model, torch.tensor([[7, EOS]]), nbest=40, sampling=Sampling(temperature=3.0), lenpen=0.0, max_len_b=5)[0]
+    hyps = sample(model, torch.tensor([[7, EOS]]), nbest=40, sampling=Sampling(temperature=3.0), lenpen=0.0, max_len_a=0.0, max_len_b=5)[0]
     assert len(hyps) == 40
     scores = [h.score for h in hyps]
     assert scores == sorted(scores, reverse=True)
@@ -138,8 +138,8 @@ def _tokens(hyps):
                          ids=["topk=1", "topp-tiny", "temperature-to-0"])
 def test_sampling_limits_equal_greedy(real_model, sampling):
     src = _sources(6)
-    greedy = greedy_search(real_model, src, max_len_b=12)
-    samples = sample(real_model, src, nbest=3, sampling=sampling, max_len_b=12)
+    greedy = greedy_search(real_model, src, max_len_a=0.0, max_len_b=12)
+    samples = sample(real_model, src, nbest=3, sampling=sampling, max_len_a=0.0, max_len_b=12)
     for g, s in zip(greedy, samples):
         assert [h.tokens for h in s] == [g[0].tokens] * 3
         assert all(h.score == pytest.approx(g[0].score, abs=1e-5) for h in s)
@@ -147,14 +147,14 @@ def test_sampling_limits_equal_greedy(real_model, sampling):
 
 def test_sampling_away_from_the_limits_differs_from_greedy(real_model):
     src = _sources(6)
-    greedy = _tokens(greedy_search(real_model, src, max_len_b=12))
-    assert _tokens(sample(real_model, src, nbest=1, sampling=Sampling(), max_len_b=12)) != greedy
+    greedy = _tokens(greedy_search(real_model, src, max_len_a=0.0, max_len_b=12))
+    assert _tokens(sample(real_model, src, nbest=1, sampling=Sampling(), max_len_a=0.0, max_len_b=12)) != greedy
 
 
 def test_same_seed_same_samples_whatever_the_batch(real_model):
     src = _sources(5)
     keys = torch.tensor([10, 11, 12, 13, 14])
-    options = dict(nbest=4, sampling=Sampling(topk=20, topp=0.95, temperature=1.3, seed=42), max_len_b=12)
+    options = dict(nbest=4, sampling=Sampling(topk=20, topp=0.95, temperature=1.3, seed=42), max_len_a=0.0, max_len_b=12)
     first = sample(real_model, src, keys=keys, **options)
     assert _tokens(sample(real_model, src, keys=keys, **options)) == _tokens(first)
     # each sentence alone, in another order: the same samples (the key, not the row, seeds them)

@@ -105,10 +105,10 @@ def test_greedy_takes_the_locally_best_token():
 def test_eos_is_not_allowed_first_and_is_forced_at_the_length_limit():
     table = {(): {EOS: 0.9, A: 0.1}}
     model = ScriptedModel([table], NO_EOS)
-    for hyps in (greedy_search(model, _src(), max_len_b=3), beam_search(model, _src(), beam=3, max_len_b=3, nbest=3)):
+    for hyps in (greedy_search(model, _src(), max_len_a=0.0, max_len_b=3), beam_search(model, _src(), beam=3, max_len_a=0.0, max_len_b=3, nbest=3)):
         for h in hyps[0]:
             assert 1 <= len(h.tokens) <= 3  # never empty, EOS forced after 3 tokens
-    assert len(greedy_search(model, _src(), max_len_b=3)[0][0].tokens) == 3
+    assert len(greedy_search(model, _src(), max_len_a=0.0, max_len_b=3)[0][0].tokens) == 3
 
 
 def test_max_len_a_scales_with_source_length():
@@ -116,6 +116,20 @@ def test_max_len_a_scales_with_source_length():
     src = torch.tensor([[7, 7, 7, EOS], [7, EOS, PAD, PAD]])
     out = beam_search(model, src, beam=2, max_len_a=1.0, max_len_b=1)
     assert [len(h[0].tokens) for h in out] == [5, 3]  # 1 * (source incl. EOS) + 1
+
+
+def test_the_default_cap_leaves_a_long_source_room_and_an_explicit_one_is_kept():
+    """The default cap is the source's length + 200 (a = 1): a 300-token source's output may run past the
+    flat 200 of fairseq and CTranslate2 (#42: a long line with --split-sentences never was cropped);
+    an explicit a = 0 keeps their rule, and the model's positions bound both."""
+    model = ScriptedModel([{}, {}], NO_EOS)
+    model.config.max_positions = 1024
+    src = torch.tensor([[7] * 300 + [EOS], [7, EOS] + [PAD] * 299])
+    lengths = lambda **o: [len(h[0].tokens) for h in search(model, src, SearchOptions(beam=1, loop_guard=0, **o))]
+    assert lengths() == [301 + 200, 2 + 200]
+    assert lengths(max_len_a=0.0) == [200, 200]
+    model.config.max_positions = 400
+    assert lengths() == [399, 202]  # the BOS takes one position
 
 
 def test_sentences_in_a_batch_are_decoded_independently_and_finished_ones_leave():
@@ -130,11 +144,11 @@ def test_sentences_in_a_batch_are_decoded_independently_and_finished_ones_leave(
 
 def test_a_beam_wider_than_the_vocabulary_keeps_only_possible_hypotheses():
     model = ScriptedModel([TABLE], NO_EOS)
-    hyps = beam_search(model, _src(), beam=8, lenpen=1.0, nbest=8, max_len_b=4)[0]  # V = 6 < 8 candidates
+    hyps = beam_search(model, _src(), beam=8, lenpen=1.0, nbest=8, max_len_a=0.0, max_len_b=4)[0]  # V = 6 < 8 candidates
     assert hyps and all(math.isfinite(h.score) for h in hyps)
     assert len({tuple(h.tokens) for h in hyps}) == len(hyps)  # no hypothesis twice
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
-    assert hyps[0].tokens == beam_search(model, _src(), beam=6, lenpen=1.0, max_len_b=4)[0][0].tokens
+    assert hyps[0].tokens == beam_search(model, _src(), beam=6, lenpen=1.0, max_len_a=0.0, max_len_b=4)[0][0].tokens
 
 
 def test_nbest_is_sorted_and_distinct():
@@ -161,8 +175,8 @@ def test_beam_size_one_equals_greedy(real_model):
     src[:, -1] = EOS
     src[2, 5:] = PAD
     src[2, 4] = EOS
-    greedy = greedy_search(real_model, src, max_len_b=20)
-    beam1 = beam_search(real_model, src, beam=1, max_len_b=20)
+    greedy = greedy_search(real_model, src, max_len_a=0.0, max_len_b=20)
+    beam1 = beam_search(real_model, src, beam=1, max_len_a=0.0, max_len_b=20)
     assert [h[0].tokens for h in greedy] == [h[0].tokens for h in beam1]
     for a, b in zip(greedy, beam1):
         assert a[0].score == pytest.approx(b[0].score, abs=1e-5)
@@ -183,9 +197,9 @@ def test_batched_beam_equals_one_at_a_time(real_model):
     g = torch.Generator().manual_seed(1)
     src = torch.randint(4, 50, (5, 6), generator=g)
     src[:, -1] = EOS
-    together = beam_search(real_model, src, beam=3, max_len_b=15, nbest=2)
+    together = beam_search(real_model, src, beam=3, max_len_a=0.0, max_len_b=15, nbest=2)
     for i in range(5):
-        alone = beam_search(real_model, src[i : i + 1], beam=3, max_len_b=15, nbest=2)[0]
+        alone = beam_search(real_model, src[i : i + 1], beam=3, max_len_a=0.0, max_len_b=15, nbest=2)[0]
         assert [h.tokens for h in together[i]] == [h.tokens for h in alone]
 
 
@@ -250,7 +264,7 @@ def test_a_prefix_decoded_in_one_pass_equals_forcing_it_token_by_token(real_mode
     src = torch.randint(4, 50, (5, 7), generator=g)
     src[:, -1] = real_model.config.eos_id
     prefix = torch.randint(4, 50, (5, 3), generator=g)
-    opts = SearchOptions(beam=beam, nbest=beam, max_len_b=9, lenpen=0.0)
+    opts = SearchOptions(beam=beam, nbest=beam, max_len_a=0.0, max_len_b=9, lenpen=0.0)
     with torch.no_grad():
         got = search(real_model, src, opts, prefix=prefix)
         want = search(ForcedPrefix(real_model, prefix), src, opts)
@@ -269,7 +283,7 @@ def test_a_prefixed_hypothesis_scores_what_reference_scoring_gives_its_tokens(re
     src[:, -1] = real_model.config.eos_id
     prefix = torch.randint(4, 50, (4, 2), generator=g)
     with torch.no_grad():
-        hyps = [h[0] for h in search(real_model, src, SearchOptions(beam=beam, max_len_b=7, lenpen=1.0), prefix=prefix)]
+        hyps = [h[0] for h in search(real_model, src, SearchOptions(beam=beam, max_len_a=0.0, max_len_b=7, lenpen=1.0), prefix=prefix)]
         ref = reference_logprobs(real_model, src, [h.tokens for h in hyps])
         prefix_only = reference_logprobs(real_model, src, [p.tolist() for p in prefix])
     for h, lp in zip(hyps, ref):
@@ -282,7 +296,7 @@ def test_a_prefix_as_long_as_the_limit_ends_right_after_it(real_model):
     prefix = torch.tensor([[8, 9, 10, 11]])
     with torch.no_grad():
         for beam in (1, 3):
-            hyps = search(real_model, src, SearchOptions(beam=beam, max_len_b=3), prefix=prefix)[0]
+            hyps = search(real_model, src, SearchOptions(beam=beam, max_len_a=0.0, max_len_b=3), prefix=prefix)[0]
             assert [h.tokens for h in hyps] == [[8, 9, 10, 11]]
 
 
@@ -372,7 +386,7 @@ def test_a_beam_wider_than_the_vocabulary_equals_the_reference(constraints):
     from seqtool.constraints import ConstraintState
 
     for beam in (6, 8):
-        args = dict(beam=beam, nbest=beam, lenpen=1.0, max_len_b=5)
+        args = dict(beam=beam, nbest=beam, lenpen=1.0, max_len_a=0.0, max_len_b=5)
         got, want = (search_(ScriptedModel([TABLE], NO_EOS), _src(), constraints=None if constraints is None else
                              ConstraintState(constraints, torch.device("cpu")), **args) for search_ in (beam_search, reference))
         assert [(h.tokens, h.score) for h in got[0]] == [(h.tokens, h.score) for h in want[0]]

@@ -252,7 +252,7 @@ def test_target_prefixes_per_segment_as_translate_gives_them(server, tiny_checkp
     segments, prefixes = LINES[:4], ["h g", "", "a a", "b"]
     r = httpx.post(f"{server.url}/v1/translate", json={"segments": segments, "target_prefix": prefixes}, timeout=60)
     assert r.status_code == 200, r.text
-    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_b=8)
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_a=0.0, max_len_b=8)
     assert [x["text"] for x in r.json()["translations"]] == t.translate(segments, target_prefix=prefixes)
     r = httpx.post(f"{server.url}/v1/translate", json={"segments": segments, "target_prefix": ["x"]}, timeout=60)
     assert r.status_code == 422 and "target_prefix: 1 prefixes for 4 segments" in r.json()["error"]
@@ -266,7 +266,7 @@ def test_constraints_and_a_glossary_per_request_as_translate_keeps_them(server, 
     body = {"segments": segments, "constraints": [["h g"], [], [["e e", "f f"]]], "glossary": {"d": "c a"}}
     r = httpx.post(f"{server.url}/v1/translate", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_b=8)
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_a=0.0, max_len_b=8)
     want = t.translate(segments, constraints=[["h g"], ["c a"], [["e e", "f f"]]])
     assert [x["text"] for x in r.json()["translations"]] == want
     for bad, words in (({"constraints": [["x"]]}, "constraints: 1 lists for 3 segments"),

@@ -66,7 +66,7 @@ def test_a_batch_that_fails_anyway_is_retried_apart_so_only_the_request_at_fault
     from seqtool.serving.batcher import Batcher
     from seqtool.translate import Translator
 
-    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_b=8)
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_a=0.0, max_len_b=8)
     poison, calls, real = t.encode(0, ["h h h h h h"])[0], [], t.search_batch
 
     def search_batch(rows, *args, **kwargs):
@@ -87,7 +87,7 @@ def test_a_batch_that_fails_anyway_is_retried_apart_so_only_the_request_at_fault
             for name, lines in texts.items():
                 ids = t.encode(0, lines)
                 segments = [Segment(k, line, i, origin=Origin(line=k, label=f"{name}, segment {k + 1}")) for k, (line, i) in enumerate(zip(lines, ids))]
-                jobs.append(batcher.submit(segments, len(lines), SearchOptions(max_len_b=8), loop, name))
+                jobs.append(batcher.submit(segments, len(lines), SearchOptions(max_len_a=0.0, max_len_b=8), loop, name))
         results = await asyncio.gather(*(j.done for j in jobs), return_exceptions=True)
         batcher.stop()
         return results
@@ -185,8 +185,8 @@ def test_an_abandoned_sentence_leaves_a_running_search_and_the_others_decode_as_
     from seqtool.search import search
 
     src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 11, 3, 0], [12, 13, 3, 0, 0]])
-    for options in (SearchOptions(beam=1, max_len_b=12, min_len=12), SearchOptions(beam=3, nbest=2, max_len_b=12, min_len=12),
-                    SearchOptions(nbest=2, max_len_b=12, min_len=12, sampling=Sampling(seed=3))):
+    for options in (SearchOptions(beam=1, max_len_a=0.0, max_len_b=12, min_len=12), SearchOptions(beam=3, nbest=2, max_len_a=0.0, max_len_b=12, min_len=12),
+                    SearchOptions(nbest=2, max_len_a=0.0, max_len_b=12, min_len=12, sampling=Sampling(seed=3))):
         rows, real = [], tiny_model.decode
 
         def counted(tokens, *args):
@@ -220,7 +220,7 @@ def test_a_timed_out_request_s_segments_leave_the_running_batch(tiny_checkpoint)
 
     t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2)
     rows, real = [], t.model.decode
-    options = SearchOptions(beam=4, max_len_b=30, min_len=30)
+    options = SearchOptions(beam=4, max_len_a=0.0, max_len_b=30, min_len=30)
 
     async def scenario():
         batcher = Batcher(t, ServeConfig(max_wait_ms=50))
@@ -421,5 +421,5 @@ def test_server_warnings_name_the_request_and_segment(tiny_checkpoint):
     assert re.search(r"warning: request [0-9a-f]{6} from 127\.0\.0\.1, segment 2: \d+ tokens with too few sentence ends to cut at: "
                      r"translated in \d+ pieces of at most 30 tokens", err), err
     assert re.search(r"warning: request [0-9a-f]{6} from 127\.0\.0\.1: the key 'b' is given twice in one JSON object; the first is kept", err)
-    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_b=8)
+    t = Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, max_len_a=0.0, max_len_b=8)
     assert twice.json()["translations"][0]["text"] == t.translate(["a b c"], constraints=[["h g"]])[0]

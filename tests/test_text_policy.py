@@ -44,7 +44,7 @@ def test_every_front_end_gives_the_same_translation_with_the_same_handling(tiny_
     rows = [row.split("\t") for row in cli(tiny_checkpoint, "--nbest", "2")]
     got["cli --nbest 2"] = [rows[2 * k][2] for k in range(len(LINES))]
     assert all(rows[2 * k][0] == rows[2 * k + 1][0] == str(k) for k in range(len(LINES)))
-    with Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, beam=2, max_len_b=8) as t:
+    with Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, beam=2, max_len_a=0.0, max_len_b=8) as t:
         got["python"] = t.translate(LINES)
     s = Server(tiny_checkpoint, "--beam", "2")
     try:
@@ -84,7 +84,7 @@ def test_a_long_line_without_sentence_ends_is_translated_in_pieces_never_cropped
     from seqtool import pipeline
     from seqtool.translate import Translator
 
-    with Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, beam=1, max_len_b=4) as t:
+    with Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, beam=1, max_len_a=0.0, max_len_b=4) as t:
         for mode in ("auto", "never"):  # (never: the user's choice, prefixes, constraints, alignments)
             policy = pipeline.TextPolicy(mode)
             plan = pipeline.unit_segments(t, pipeline.units_of([WORDS], policy), pipeline.lines(0, [WORDS]), policy)
@@ -107,7 +107,7 @@ def test_a_long_line_without_sentence_ends_is_translated_in_pieces_never_cropped
 def test_a_server_response_says_when_it_cut_a_text_or_reached_the_length_cap(tiny_checkpoint):
     from seqtool.translate import Translator
 
-    with Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, beam=2, max_len_b=8) as t:
+    with Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, beam=2, max_len_a=0.0, max_len_b=8) as t:
         capped = [bool(x.capped) for x in t.translate_lines(0, ["c a", "a b c d e f g h"])]
     s = Server(tiny_checkpoint, "--beam", "2")
     try:

@@ -16,14 +16,14 @@ pytestmark = pytest.mark.system
 
 @pytest.fixture(scope="module")
 def translator(tiny_checkpoint):
-    return Translator.load(tiny_checkpoint, beam=2, max_len_b=8, batch_size=3, device="cpu")
+    return Translator.load(tiny_checkpoint, beam=2, max_len_a=0.0, max_len_b=8, batch_size=3, device="cpu")
 
 
 def test_order_is_preserved_whatever_the_batching(translator, tiny_checkpoint):
     lines = ["a b c d e f g h", "a", "", "c d", "e f g", "j i h g f e d c b a", "b"] * 3
     expected = [translator.translate([line])[0] for line in lines]  # one at a time
     for batch_size, max_tokens in ((3, 0), (64, 0), (1, 0), (64, 12)):
-        t = Translator.load(tiny_checkpoint, beam=2, max_len_b=8, batch_size=batch_size, max_tokens=max_tokens, device="cpu", chunk_lines=5)
+        t = Translator.load(tiny_checkpoint, beam=2, max_len_a=0.0, max_len_b=8, batch_size=batch_size, max_tokens=max_tokens, device="cpu", chunk_lines=5)
         assert t.translate(lines) == expected
 
 
@@ -40,7 +40,7 @@ def test_long_lines_are_cut_into_pieces_with_a_warning_never_cropped(translator,
 
 
 def _run_cli(ckpt, data: bytes, *args):
-    return subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(ckpt), "--beam", "2", "--max-len-b", "6",
+    return subprocess.run([sys.executable, "-m", "seqtool", "translate", "-c", str(ckpt), "--beam", "2", "--max-len-a", "0", "--max-len-b", "6",
                            "--device", "cpu", *args], input=data, capture_output=True, timeout=120)
 
 
@@ -78,7 +78,7 @@ def test_print_scores_is_one_line_per_input(tiny_checkpoint):
 
 def test_head_ends_quietly(tiny_checkpoint):
     cmd = (f"yes 'a b c' | head -n 5000 | {sys.executable} -m seqtool translate -c {tiny_checkpoint} --beam 1 "
-           f"--max-len-b 4 --device cpu | head -n 1")
+           f"--max-len-a 0 --max-len-b 4 --device cpu | head -n 1")
     result = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, timeout=120)
     assert result.stdout.count(b"\n") == 1
     assert b"Traceback" not in result.stderr and b"Broken pipe" not in result.stderr
@@ -98,7 +98,7 @@ def test_translate_file_streams_from_a_file(tiny_checkpoint, tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("a\nb c\n\n")
     buffer = io.StringIO()
-    n = translate_file(tiny_checkpoint, *settings(beam=1, max_len_b=5, device="cpu"), TranslateConfig(), src, buffer)
+    n = translate_file(tiny_checkpoint, *settings(beam=1, max_len_a=0.0, max_len_b=5, device="cpu"), TranslateConfig(), src, buffer)
     assert n == 3 and buffer.getvalue().count("\n") == 3
 
 
@@ -111,16 +111,16 @@ def test_a_request_s_search_options_override_the_loaded_ones_for_that_call_only(
     """What a server does per request: the translator loads once (beam 2 here); a call may ask for
     another search, and gets exactly what a translator loaded with those settings gives."""
     lines = ["a b c d", "e f", "", "g h i j k"]
-    for asked in (SearchOptions(beam=1, max_len_b=8), SearchOptions(beam=4, nbest=3, max_len_b=8, lenpen=0.5),
-                  SearchOptions(nbest=2, max_len_b=8, sampling=Sampling(topk=3, seed=11))):
-        fields = dict(beam=asked.beam, nbest=asked.nbest, max_len_b=asked.max_len_b, lenpen=asked.lenpen)
+    for asked in (SearchOptions(beam=1, max_len_a=0.0, max_len_b=8), SearchOptions(beam=4, nbest=3, max_len_a=0.0, max_len_b=8, lenpen=0.5),
+                  SearchOptions(nbest=2, max_len_a=0.0, max_len_b=8, sampling=Sampling(topk=3, seed=11))):
+        fields = dict(beam=asked.beam, nbest=asked.nbest, max_len_a=asked.max_len_a, max_len_b=asked.max_len_b, lenpen=asked.lenpen)
         if asked.sampling is not None:
             fields.update(sampling=True, topk=3, seed=11)
         loaded = Translator.load(tiny_checkpoint, device="cpu", batch_size=3, **fields)
         assert loaded.options == asked
         assert translator.translate(lines, asked) == loaded.translate(lines)
-    assert translator.options == SearchOptions(beam=2, max_len_b=8)  # the loaded settings are untouched
-    nbest = translator.translate(lines, SearchOptions(beam=3, nbest=3, max_len_b=8))
+    assert translator.options == SearchOptions(beam=2, max_len_a=0.0, max_len_b=8)  # the loaded settings are untouched
+    nbest = translator.translate(lines, SearchOptions(beam=3, nbest=3, max_len_a=0.0, max_len_b=8))
     assert all(isinstance(t, list) and len(t) == 3 for t in nbest)
 
 
@@ -150,7 +150,7 @@ def test_a_sentence_translates_the_same_whatever_shares_its_batch(tiny_checkpoin
     # another order: the hypotheses stay, a score moves by ~1e-3, measured on an AMX EPYC 2026-12-07)
     lines += [" ".join("abcdefgh"[(i * j + i) % 8] for j in range(1 + i % 9)) for i in range(18)]
     t = Translator.load(tiny_checkpoint, device="cpu", precision=precision, quantize=quantize, beam=3, nbest=2,
-                                                       max_len_b=10)
+                                                       max_len_a=0.0, max_len_b=10)
     amx = "AMX" in cpu_bf16_instructions()
     together = t.translate_chunk(0, lines)
     among_long = t.translate_chunk(0, ["h g f e d c b a " * 6] * 2 + lines[::2])[2:]
@@ -182,7 +182,7 @@ def test_target_prefixes_start_their_translations_and_an_empty_one_changes_nothi
     (tmp_path / "pre").write_text("\n".join(prefixes) + "\n")
     result = _run_cli(tiny_checkpoint, b"", "--input", str(tmp_path / "src"), "--target-prefix", str(tmp_path / "pre"))
     assert result.returncode == 0, result.stderr.decode()
-    cli = Translator.load(tiny_checkpoint, beam=2, max_len_b=6, device="cpu")
+    cli = Translator.load(tiny_checkpoint, beam=2, max_len_a=0.0, max_len_b=6, device="cpu")
     assert result.stdout.decode().split("\n")[:4] == cli.translate(lines, target_prefix=prefixes)
     # stdin works in lockstep too, a chunk at a time
     result = _run_cli(tiny_checkpoint, ("\n".join(lines) + "\n").encode(), "--target-prefix", str(tmp_path / "pre"))

@@ -35,7 +35,7 @@ from . import prepare
 from .access import Keys, RateLimit, bearer, body_limit, read_body, read_keys, too_large
 from .batcher import Batcher, TooLarge
 from .metrics import Metrics
-from .schemas import BadRequest, DetectRequest, LibreRequest, TranslateIn, multipart_fields, parse
+from .schemas import BadRequest, DetectRequest, LibreRequest, TranslateIn, asked, multipart_fields, parse
 
 HTTP_STATUS: dict[type, int] = {TooLarge: 413, InputError: 400, ConfigError: 422, ResourceError: 503, SeqtoolError: 400}
 RETRY_AFTER_SECONDS = 1
@@ -200,7 +200,7 @@ class Service:
         if body.source == "auto" and self.detector is not None:  # LibreTranslate's detectedLanguage: the best guess
             detected = await self.work(sum(map(len, texts)), lambda: [self.detector.detect(prepare.readable(text, body.format))[0]
                                                                        for text in texts])
-        options = prepare.options(t.options, self.config, {"nbest": body.alternatives + 1}, request="libre")
+        options = prepare.options(t.options, self.config, {**asked(body), "nbest": body.alternatives + 1}, request="libre")
         alternatives, warnings = await self.documents(request, texts, body.format, options, name, tag=tag)  # lines, sentences, markup kept
         out: dict[str, Any] = {"translatedText": [a[0] for a in alternatives] if not isinstance(body.q, str) else alternatives[0][0]}
         if detected is not None:
@@ -241,8 +241,7 @@ class Service:
                 [k for k in ("scores", "alignment") if getattr(body, k)] + (["nbest"] if (body.nbest or 1) > 1 else [])
             if extras:
                 raise BadRequest(422, f"format {body.format}: a segment is a document; {', '.join(extras)} belong to format text")
-        asked = {k: getattr(body, k) for k in ("beam", "lenpen", "nbest", "max_len_a", "max_len_b", "no_repeat_ngram_size", "loop_guard") if getattr(body, k) is not None}
-        options = prepare.options(t.options, self.config, asked, body.sampling.model_dump() if body.sampling is not None else None,
+        options = prepare.options(t.options, self.config, asked(body), body.sampling.model_dump() if body.sampling is not None else None,
                                   constrained=body.constraints is not None or bool(body.glossary))
         if body.format != "text":
             docs, warnings = await self.documents(request, body.segments, body.format, options, name, tag=tag, glossary=body.glossary)

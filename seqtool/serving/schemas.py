@@ -1,9 +1,9 @@
 """What a request may say: the request models of /translate (LibreTranslate's) and /v1/translate
 (native), built from the config dataclasses' fields, and a body read as JSON or as a form.
 
-The search fields (beam, lenpen, nbest, max_len_a, max_len_b, the sampling fields) take their help,
-bounds and defaults from SearchOptions and Sampling (config.setting): declared once, so the OpenAPI
-page, pydantic's 422s and `translate`'s options agree. A setting that the dataclasses refuse
+The search fields are those SearchOptions and Sampling offer in the scope "request" (config.setting),
+with their help, bounds and defaults: declared once, so the OpenAPI page, pydantic's 422s and
+`translate`'s options agree, and a new one reaches both APIs with no line here. A setting that the dataclasses refuse
 (FieldError) is rendered with the request's field names by `field_name`.
 """
 
@@ -16,7 +16,8 @@ from urllib.parse import parse_qs
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from .. import log
-from ..config import Sampling, SearchOptions, field_info
+from ..config import Sampling, SearchOptions
+from ..fields import field_info, scoped
 from ..errors import FieldError
 
 
@@ -40,12 +41,19 @@ def _from(cls, name: str, optional: bool = True) -> tuple[Any, Any]:
     return (Optional[kind] if optional else kind), Field(default, description=info["help"], **bounds)
 
 
+SEARCH_FIELDS = scoped(SearchOptions, "request")  # what a request may ask of search (config.setting's scope)
 SamplingIn = create_model("SamplingIn", __doc__="Sample nbest translations instead of searching (beam unused).",
-                          **{name: _from(Sampling, name, optional=False) for name in ("topk", "topp", "temperature", "seed")})
+                          **{name: _from(Sampling, name, optional=False) for name in scoped(Sampling, "request")})
+SearchFields = create_model("SearchFields", **{name: _from(SearchOptions, name) for name in SEARCH_FIELDS})
+LibreSearchFields = create_model("LibreSearchFields", **{name: _from(SearchOptions, name) for name in SEARCH_FIELDS if name != "nbest"})
 
 
-class TranslateIn(create_model("_SearchFields", **{name: _from(SearchOptions, name) for name in
-                                                   ("beam", "lenpen", "nbest", "max_len_a", "max_len_b", "no_repeat_ngram_size", "loop_guard")})):
+def asked(body: BaseModel) -> dict[str, Any]:
+    """The search options a request asked for (the others: the server's)."""
+    return {k: getattr(body, k) for k in SEARCH_FIELDS if getattr(body, k, None) is not None}
+
+
+class TranslateIn(SearchFields):
     """POST /v1/translate: segments and, for this request only, search options (unset: the server's)."""
     segments: list[str] = Field(..., description="Sentences to translate, one per item; the answer keeps their order")
     source: Optional[str] = Field(None, description="The segments' language (a multilingual model: one of its sources; checked, never needed)")
@@ -64,8 +72,9 @@ class TranslateIn(create_model("_SearchFields", **{name: _from(SearchOptions, na
     api_key: Optional[str] = Field(None, description="With --api-keys: the key (or send Authorization: Bearer KEY)")
 
 
-class LibreRequest(BaseModel):
-    """POST /translate, LibreTranslate's request (JSON, or a form as `curl -d q=...` sends)."""
+class LibreRequest(LibreSearchFields):  # (alternatives is its nbest)
+    """POST /translate, LibreTranslate's request (JSON, or a form as `curl -d q=...` sends), and
+    /v1/translate's search options (beam, lenpen, ...) besides, which LibreTranslate's clients never send."""
     q: Union[str, list[str]]
     source: str = "auto"
     target: Optional[str] = None

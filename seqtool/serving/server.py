@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+from dataclasses import fields
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from .. import log
 from ..config import DecodeConfig, SearchOptions, ServeConfig
@@ -73,6 +74,20 @@ def protocol(config: ServeConfig) -> dict:
     from .connections import Limits, guarded
 
     return {"http": guarded(Limits(config.header_timeout, config.body_timeout, config.max_connections))}
+
+
+def settings_given(checkpoints: list[Path], given: dict[str, Any]) -> tuple:
+    """`seqtool serve`'s (checkpoints, DecodeConfig, SearchOptions, ServeConfig) from the settings given
+    (field name -> value, options.py): the server's over ServeConfig's defaults, the model's over the
+    checkpoint's recorded decoding defaults (a student's beam 1; lowered to the caps: only a --beam
+    given over --max-beam is refused)."""
+    from ..translate import recorded_defaults, settings
+
+    mine = {f.name for f in fields(ServeConfig)}
+    config = ServeConfig(**{k: v for k, v in given.items() if k in mine})
+    decode, options = settings(recorded=within_caps(recorded_defaults(checkpoints), config),
+                               **{k: v for k, v in given.items() if k not in mine})
+    return checkpoints[0] if len(checkpoints) == 1 else checkpoints, decode, options, config
 
 
 def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig,
