@@ -1,14 +1,54 @@
 """The reference for beam search's candidate choice: beam_search as it was before candidate choice
 moved behind an object (Candidates, ConstrainedCandidates), kept verbatim (seqtool/search.py at
-f56b95d, lines 252-420) so that tests compare today's search with it on random inputs, bit for bit."""
+f56b95d, lines 252-420) so that tests compare today's search with it on random inputs, bit for bit;
+with its helpers of its own, so that it checks them too rather than reusing them."""
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from seqtool.constraints import ConstraintState, WordPieces, stripes
-from seqtool.search import NEG_INF, UNMET, Hypothesis, Wanted, _max_lengths, _prefix_pass, _step_lprobs, top_k
+from seqtool.search import Hypothesis  # (the result record; every helper the search uses is written out below)
+
+# The reference's own helpers, written plainly, not imported from the search they check: the output
+# cap, the bans of a step, the prefix pass and torch.topk in place of search.top_k's two-pass selection.
+NEG_INF = float("-inf")
+UNMET = 1e6  # subtracted from the rank of a finished output that lacks a constraint
+Wanted = Callable[[], Optional[Tensor]]
+
+
+def _max_lengths(src_pad: Tensor, max_len_a: float, max_len_b: int, max_positions: int, max_len: int = 0) -> Tensor:
+    limit = (max_len_a * (~src_pad).sum(1).double() + max_len_b).long()  # (B,) a * length incl. EOS + b
+    return limit.clamp(min=1, max=min(max_positions - 1, max_len or max_positions))  # the BOS takes one position
+
+
+def _banned(c, lprobs: Tensor, step: int, max_len: Tensor, min_len: int) -> Tensor:
+    lprobs[:, [c.pad_id, c.bos_id]] = NEG_INF
+    if c.language_tags:
+        lprobs[:, c.vocab_size - c.language_tags:] = NEG_INF
+    if step < min_len:
+        lprobs[:, c.eos_id] = NEG_INF
+    for row in (max_len <= step).nonzero().flatten().tolist():  # at its cap a row may only end
+        eos = lprobs[row, c.eos_id].item()
+        lprobs[row] = NEG_INF
+        lprobs[row, c.eos_id] = eos if eos != NEG_INF else 0.0
+    return lprobs
+
+
+def _step_lprobs(model, tokens: Tensor, cache, step: int, max_len: Tensor, min_len: int) -> Tensor:
+    return _banned(model.config, model.decode(tokens, None, None, cache)[:, -1].float().log_softmax(-1), step, max_len, min_len)
+
+
+def _prefix_pass(model, tokens: Tensor, cache, max_len: Tensor, min_len: int) -> tuple[Tensor, Tensor]:
+    P = tokens.size(1) - 1
+    lprobs = model.decode(tokens, None, None, cache).float().log_softmax(dim=-1)  # (rows, 1 + P, V)
+    prefix_lp = lprobs[:, :P].gather(2, tokens[:, 1:, None]).squeeze(2).sum(1)  # (rows,)
+    return prefix_lp, _banned(model.config, lprobs[:, P], P, max_len, min_len)
+
+
+def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    return x.topk(k, dim=1)
 
 
 @torch.no_grad()

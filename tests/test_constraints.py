@@ -21,7 +21,6 @@ from seqtool.terms import Glossary, parse_constraints_line
 from seqtool.textio import LockstepLines
 from test_search import EOS, NO_EOS, TABLE, A, B, ScriptedModel, _src, real_model  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.system
 
 
 def _contains(tokens, part):
@@ -29,6 +28,7 @@ def _contains(tokens, part):
 
 
 # ---- the search, exactly ------------------------------------------------------------------------
+@pytest.mark.unit
 def test_a_constraint_is_met_by_the_best_scoring_hypothesis_that_has_it():
     """TABLE's best output is [B]; with A required exactly once, the best hypothesis is [A] (0.5 *
     0.1; [A, A, A], 0.5 * 0.8^3, repeats it; [B, A, B, B, B] has 0.5 * 0.2 * 0.5^3): among those
@@ -46,6 +46,7 @@ def test_a_constraint_is_met_by_the_best_scoring_hypothesis_that_has_it():
     assert (kept.tokens, kept.score) == (free.tokens, free.score)
 
 
+@pytest.mark.unit
 def test_phrases_and_one_of_several_forms():
     model = ScriptedModel([TABLE], NO_EOS)
     opts = SearchOptions(beam=3, nbest=3, lenpen=0.0, max_len_a=0.0, max_len_b=6)
@@ -60,6 +61,7 @@ def test_phrases_and_one_of_several_forms():
     assert best.tokens == [A, A, A]
 
 
+@pytest.mark.unit
 def test_constrained_and_free_sentences_share_a_batch_as_if_alone():
     short = {(): {A: 0.9, B: 0.1}, (A,): {EOS: 0.95, A: 0.05}}
     tables = [TABLE, short, TABLE]
@@ -71,6 +73,7 @@ def test_constrained_and_free_sentences_share_a_batch_as_if_alone():
     assert batch[1][0].tokens == beam_search(ScriptedModel([short], NO_EOS), _src(), beam=3, max_len_a=0.0, max_len_b=6)[0][0].tokens
 
 
+@pytest.mark.unit
 def test_a_constraint_appears_exactly_once_unless_it_is_given_twice():
     """With no EOS in sight the model would say A on every step; once A is placed, A again is
     banned, unless the constraint is given twice (then exactly twice), or another constraint
@@ -90,11 +93,13 @@ def test_a_constraint_appears_exactly_once_unless_it_is_given_twice():
     assert _contains(best.tokens, [B, A]) and A in best.tokens
 
 
+@pytest.mark.unit
 def test_a_constraint_longer_than_the_limit_gives_the_best_output_not_a_crash():
     out = search(ScriptedModel([TABLE], NO_EOS), _src(), SearchOptions(beam=2, max_len_a=0.0, max_len_b=2), constraints=[[[[A, B, A, B]]]])[0]
     assert out and all(1 <= len(h.tokens) <= 2 for h in out)
 
 
+@pytest.mark.unit
 def test_stripes_take_the_best_of_every_level_before_the_second_best_of_any():
     scores = torch.tensor([[-1.0, -2.0, -3.0, -4.0, float("-inf")]])
     banks = torch.tensor([[0, 0, 1, 2, 2]])
@@ -102,6 +107,7 @@ def test_stripes_take_the_best_of_every_level_before_the_second_best_of_any():
     assert key.argsort(dim=1).tolist() == [[3, 2, 0, 1, 4]]  # level 2, level 1, level 0, then level 0's second
 
 
+@pytest.mark.unit
 def test_progress_advances_restarts_and_counts_met_groups():
     """A complete phrase counts once the next token ends its word: [4 5 6] then 8 meets the first
     group (3 tokens + its boundary) while 8 starts [8 9] of the second, met by the token after 9."""
@@ -114,6 +120,7 @@ def test_progress_advances_restarts_and_counts_met_groups():
     assert state.progress(torch.tensor([[EOS]])).item() == 7
 
 
+@pytest.mark.unit
 def test_a_phrase_is_met_as_a_whole_word_and_a_glued_form_only_after_an_opening_piece():
     """pieces: 10 "▁under" 11 "stand" 12 "s" (continues) 13 "▁(" (opens) 14 "▁the"."""
     pieces = WordPieces.of(["<pad>", "<unk>", "<s>", "</s>"] + ["x"] * 6 + ["▁under", "stand", "s", "▁(", "▁the"],
@@ -131,6 +138,7 @@ phrase = st.lists(st.integers(4, 49), min_size=1, max_size=3)
 group = st.lists(phrase, min_size=1, max_size=2)
 
 
+@pytest.mark.integration
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(groups=st.lists(st.lists(group, max_size=3), min_size=1, max_size=3), beam=st.integers(1, 4), seed=st.integers(0, 1000),
        prefix=st.booleans())
@@ -153,6 +161,7 @@ def test_every_constraint_that_fits_is_in_the_best_output_whatever_shares_the_ba
 
 
 # ---- text: glossary and constraints files -------------------------------------------------------
+@pytest.mark.unit
 def test_the_glossary_matches_whole_words_case_sensitively_by_default(tmp_path):
     path = tmp_path / "g.tsv"
     path.write_text("# term\tforms\nDios\tGod\ncielo\theaven\theavens\nluz del día\tdaylight\n\n", encoding="utf-8")
@@ -166,6 +175,7 @@ def test_the_glossary_matches_whole_words_case_sensitively_by_default(tmp_path):
         Glossary.read(path)
 
 
+@pytest.mark.unit
 def test_a_byte_order_mark_is_not_read_as_text_in_a_glossary_or_a_constraints_file(tmp_path):
     glossary = tmp_path / "g.tsv"
     glossary.write_bytes(codecs.BOM_UTF8 + "Dios\tGod\ncielo\theaven\n".encode())  # as Windows editors save UTF-8
@@ -176,6 +186,7 @@ def test_a_byte_order_mark_is_not_read_as_text_in_a_glossary_or_a_constraints_fi
     assert [parse_constraints_line(line, f"c.jsonl:{k + 1}") for k, line in enumerate(lines.take(0, 2))] == [["God"], []]
 
 
+@pytest.mark.unit
 def test_a_source_term_given_twice_is_warned_about_naming_both_lines_and_the_first_kept(tmp_path, capsys):
     path = tmp_path / "g.tsv"
     path.write_text("Dios\tGod\ncielo\theaven\nDios\tDeity\n", encoding="utf-8")
@@ -189,6 +200,7 @@ def test_a_source_term_given_twice_is_warned_about_naming_both_lines_and_the_fir
     assert f"{path}:2: duplicate source term 'dios' (first at {path}:1)" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_a_constraints_line_is_a_json_list_of_phrases_or_of_forms():
     assert parse_constraints_line('["God", ["heaven", "heavens"]]\n', "c:1") == ["God", ["heaven", "heavens"]]
     assert parse_constraints_line("\n", "c:2") == [] and parse_constraints_line("[]", "c:3") == []
@@ -198,6 +210,7 @@ def test_a_constraints_line_is_a_json_list_of_phrases_or_of_forms():
 
 
 # ---- the translator, the CLI -------------------------------------------------------------------------
+@pytest.mark.integration
 def test_a_phrase_matches_however_the_tokenizer_splits_it_in_context(tiny_checkpoint):
     """A word alone and the same word attached to a bracket split into different pieces; both are
     forms of its constraint."""
@@ -216,6 +229,7 @@ def _run(ckpt, data: bytes, *args):
                            "--device", "cpu", "--precision", "fp32", *args], input=data, capture_output=True, timeout=120)
 
 
+@pytest.mark.system
 def test_cli_constraints_and_glossary_are_kept_and_equal_the_python_api(tiny_checkpoint, tmp_path):
     from seqtool.translate import Translator
 
@@ -231,6 +245,7 @@ def test_cli_constraints_and_glossary_are_kept_and_equal_the_python_api(tiny_che
     assert t.translate(lines, constraints=[["h g"], ["c a"], [["e e", "f f"]], []]) == out
 
 
+@pytest.mark.system
 def test_cli_refuses_bad_constraints_naming_file_and_line_and_warns_when_one_does_not_fit(tiny_checkpoint, tmp_path):
     (tmp_path / "c.jsonl").write_text('["a"]\nnot json\n', encoding="utf-8")
     result = _run(tiny_checkpoint, b"a\nb\n", "--constraints", str(tmp_path / "c.jsonl"))
@@ -244,6 +259,7 @@ def test_cli_refuses_bad_constraints_naming_file_and_line_and_warns_when_one_doe
     assert result.returncode == 1 and "drop --sampling" in result.stderr.decode()
 
 
+@pytest.mark.integration
 def test_an_ensemble_keeps_constraints_in_every_n_best_output_that_has_room(real_model):
     from seqtool.ensemble import Ensemble
 

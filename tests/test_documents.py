@@ -3,7 +3,6 @@ plain text, HTML and Markdown documents that come back byte for byte around thei
 
 import dataclasses
 import re
-import subprocess
 import sys
 from html.parser import HTMLParser
 
@@ -17,7 +16,7 @@ from seqtool.documents import (Aligned, join_aligned, looks_like_several_sentenc
 from seqtool.errors import ConfigError
 from seqtool.documents import Span, Unit, placeholders
 
-pytestmark = pytest.mark.system
+pytestmark = pytest.mark.unit  # in-process, the documents package alone (its no-model-code promise: test_imports)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -589,12 +588,6 @@ def test_any_text_as_markdown_comes_back_exactly(text):
 
 # ---------------------------------------------------------------------------------------------
 # the module's own promises
-
-
-def test_documents_loads_no_model_code():
-    code = ("import sys, seqtool.documents as d; d.parse_markdown('# x'); d.split_sentences('A. B.', 'en'); "
-            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('seqtool.search', 'seqtool.model'))))")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 
 def test_markdown_needs_its_extra(monkeypatch):

@@ -162,3 +162,11 @@ def test_the_architecture_document_is_the_contract(monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "LAYERS", layers(text.replace("`fields`", "`fields`, `vanished`")))
     with pytest.raises(AssertionError, match=r"do not exist: \['vanished'\]"):
         test_every_module_imports_only_the_layers_below_it()
+
+
+@pytest.mark.system
+def test_documents_loads_no_model_code():
+    """seqtool.documents (parsing, sentences) loads neither torch nor the model or search code."""
+    code = ("import sys, seqtool.documents as d; d.parse_markdown('# x'); d.split_sentences('A. B.', 'en'); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('seqtool.search', 'seqtool.model'))))")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"

@@ -294,6 +294,7 @@ def _worker_pids(s: "Server", want: int) -> set:
                 seen.add(r.json()["pid"])
         except httpx.TransportError:
             pass
+        time.sleep(0.02)
     return seen
 
 
@@ -334,7 +335,7 @@ def test_a_worker_that_dies_stops_the_others_and_the_server_exits_naming_it(tiny
     pids = sorted(_worker_pids(s, 2))
     assert len(pids) == 2
     os.kill(pids[0], signal.SIGKILL)
-    _, err = s.proc.communicate(timeout=60)
+    err = s.wait(60)
     assert s.proc.returncode == 1
     assert f"(pid {pids[0]}) was killed by SIGKILL; the other workers were stopped" in err.strip().splitlines()[-1]
     deadline = time.time() + 10

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from servers import FP32, LINES, STOPPED, Server, free_port, offline_translations, translated
+from servers import FP32, LINES, STOPPED, Server, offline_translations, translated
 
 
 @pytest.fixture(scope="module")
@@ -119,9 +119,9 @@ def test_a_huge_glossary_is_matched_off_the_event_loop(server):
 
     heavy, took, waits = asyncio.run(scenario())
     assert heavy.status_code == 200, heavy.text
-    # (not seconds: the matching takes `took`; one validation of the 100,000-entry dict holds the GIL in one call,
-    # 0.57 s once on a loaded 2-core AVX2 machine, so the bound is 1 s, not 0.5)
-    assert len(waits) >= 3 and max(waits) < 1.0 < took, (max(waits), took)
+    # (relative, not seconds: /health never waited for the heavy work, which took `took`; one validation of the
+    # 100,000-entry dict holds the GIL in one call, 0.57 s once on a loaded 2-core AVX2 machine)
+    assert len(waits) >= 3 and max(waits) < took / 2, (max(waits), took)
 
 
 @pytest.mark.parametrize("body, words", [
@@ -369,7 +369,7 @@ def test_a_model_that_cannot_be_loaded_ends_the_server_with_its_one_line(tmp_pat
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(tiny_checkpoint.read_bytes()[:5000])
     for path, words in ((tmp_path / "missing.pt", "missing.pt: no such checkpoint"), (truncated, "truncated.pt")):
-        out = _serve("-c", path, "--port", free_port(), "--workers", workers)
+        out = _serve("-c", path, "--port", "0", "--workers", workers)
         errors = [line for line in out.stderr.strip().splitlines() if line.startswith("error: ")]
         assert out.returncode == 1 and len(errors) == 1 and words in errors[0] and "Traceback" not in out.stderr, out.stderr
         assert out.stderr.strip().splitlines()[-1] == errors[0]  # (--workers: after the line saying they started)

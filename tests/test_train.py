@@ -138,10 +138,9 @@ def test_sigterm_saves_last_checkpoint_and_the_run_resumes(data_dir, tmp_path):
     save = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "seqtool", "train", str(data_dir), "--save-dir", str(save), "--arch", "tiny",
                              "--max-tokens", "600", "--threads", "1"], stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (save / "metrics.jsonl").exists():
-        time.sleep(0.2)
-    time.sleep(1.0)
+    deadline = time.time() + 120  # until the first update's record (the trainer writes one after update 1): no fixed sleep
+    while time.time() < deadline and '"kind": "train"' not in ((save / "metrics.jsonl").read_text() if (save / "metrics.jsonl").exists() else ""):
+        time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
