@@ -183,7 +183,8 @@ class SearchOptions(_Validated):
     # b tokens past its source's length (a long line with --split-sentences never, a document's long block)
     max_len_a: float = setting(1.0, "Max output length = a * source length + b.", **MAX_LEN_A, scope="translate serve request")
     max_len_b: int = setting(200, "Max output length = a * source length + b.", **MAX_LEN_B, scope="translate serve request")
-    min_len: int = setting(1, ge=0, le=1_000_000)
+    min_len: int = setting(1, "The shortest output in tokens: the end of sentence is barred before it (the length cap still ends an output).",
+                           ge=0, le=1_000_000, scope="translate serve request")
     max_len: int = setting(0, "The longest output in tokens, whatever max_len_a and max_len_b say (0: only the model's positions).", ge=0, le=1_000_000)
     sampling: Sampling | None = setting(None, "Draw --nbest random translations per line instead of searching (--beam unused).", scope="translate")
     no_repeat_ngram_size: int = setting(0, "No n-gram of this many tokens appears twice in an output (a target prefix counts); 0 = off.",

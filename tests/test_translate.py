@@ -200,3 +200,16 @@ def test_a_prefix_file_of_another_length_is_one_line_naming_both(tiny_checkpoint
     (tmp_path / "src").write_text("a\nb\nc\n")
     result = _run_cli(tiny_checkpoint, b"", "--input", str(tmp_path / "src"), "--target-prefix", str(tmp_path / "pre"))
     assert result.returncode == 1 and "--target-prefix needs one prefix per input line" in result.stderr.decode()
+
+
+def test_min_len_reaches_the_python_api_and_a_request_and_bounds_every_output(translator, tiny_checkpoint):
+    """--min-len (an option added by declaring it once, in config.py): the Python API's load and a
+    per-call SearchOptions both take it, and no hypothesis is shorter, where the cap allows it."""
+    from seqtool.serving.schemas import LibreRequest, TranslateIn
+
+    lines = ["a b c d", "e f", "g h i j k"]
+    t = Translator.load(tiny_checkpoint, beam=2, nbest=2, min_len=6, max_len_a=0.0, max_len_b=8, device="cpu")
+    assert all(len(h.tokens) >= 6 for tr in t.translate_chunk(0, lines) for h in tr.hypotheses)
+    asked = SearchOptions(beam=2, nbest=2, min_len=7, max_len_a=0.0, max_len_b=8)
+    assert all(len(h.tokens) >= 7 for tr in translator.translate_chunk(0, lines, asked) for h in tr.hypotheses)
+    assert TranslateIn(segments=["a"], min_len=3).min_len == 3 and LibreRequest(q="a", min_len=3).min_len == 3
