@@ -276,8 +276,12 @@ def load_model(ckpt: dict[str, Any], device: Optional[torch.device] = None):
     return model
 
 
-def average(paths: list[Path], output: Path) -> dict[str, Any]:
-    """Average the weights of several checkpoints of one architecture; configs and tokenizer of the first."""
+def average(paths: list[Path], output: Path, force: bool = False) -> dict[str, Any]:
+    """Average the weights of several checkpoints of one architecture; configs and tokenizer of the first.
+    An existing output is replaced only with force."""
+    from .textio import refuse_existing
+
+    refuse_existing(output, force)
     if not paths:
         raise InputError("give at least one checkpoint to average")
     first = load(paths[0])

@@ -7,21 +7,16 @@ instant. User mistakes become one line on stderr and a non-zero exit, never a tr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from .config import DecodeConfig, ModelConfig, OptimConfig, Sampling, SearchOptions, ServeConfig, TokenizerConfig, TrainConfig, TranslateConfig
-from .fields import scoped
-from .errors import ConfigError, InputError
-from .exits import handles_user_errors
-from .options import Command, options, split
+from .options import command, options, print_version, split
 
 app = typer.Typer(
     name="seqtool",
-    help="Train Transformer translation models on parallel text, translate, and score.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -29,27 +24,18 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-def _version(value: bool) -> None:
-    if value:
-        from importlib.metadata import version
-
-        typer.echo(f"seqtool {version('seqtool')}")
-        raise typer.Exit()
-
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False):
+def _root(version: Annotated[bool, typer.Option("--version", callback=print_version, is_eager=True, help="Print the version and exit.")] = False):
     """Train Transformer translation models on parallel text, translate, and score."""
 
 
-# ---- options shared by several commands, defined once -------------------------------------
 Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]
 Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes that encode text in parallel.")]
 Errors = Annotated[str, typer.Option("--errors", help="Invalid UTF-8: strict (stop) or replace (U+FFFD, with a warning).")]
 
 
-@app.command("train-tokenizer", cls=Command)
-@handles_user_errors
+@command(app, "train-tokenizer")
 @options("tokenizer", TokenizerConfig)
 def train_tokenizer_cmd(
     files: Annotated[list[Path], typer.Argument(help="Text files (plain or .gz); one joint vocabulary over all of them.")],
@@ -62,14 +48,11 @@ def train_tokenizer_cmd(
     from .tokenizer import train_tokenizer
 
     config = TokenizerConfig(**given)
-    if Path(f"{model_prefix}.model").exists() and not force:
-        raise InputError(f"{model_prefix}.model already exists; pass --force to replace it")
-    path = train_tokenizer(files, model_prefix, config)
+    path = train_tokenizer(files, model_prefix, config, force=force)
     typer.echo(f"wrote {path} and {model_prefix}.vocab ({config.vocab_size} pieces)", err=True)
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 def binarize(
     *,
     src: Annotated[Optional[str], typer.Option("--src", help="Source language suffix.")] = None,
@@ -86,37 +69,13 @@ def binarize(
     valid_corpus: Annotated[Optional[list[str]], typer.Option("--valid-corpus", help="SRC-TGT:PREFIX, one per --corpus pair: its validation files.")] = None,
 ):
     """Encode parallel text into memory-mapped token arrays in DATA_DIR."""
-    from .binarize import SplitSpec, binarize as run
+    from .training.command import binarize_command
 
-    if errors not in ("strict", "replace"):
-        raise ConfigError(f"--errors must be strict or replace, got {errors!r}")
-    if corpus or valid_corpus:
-        from .languages import pair_corpora
-        from .training.multilingual import binarize_pairs, check_options
-
-        check_options(corpus, valid_corpus, {"--src": src, "--tgt": tgt, "--train": train, "--valid": valid, "--test": test})
-        corpora = pair_corpora(corpus or [], valid_corpus or [])
-        if len(corpora) == 1:  # one pair: a one-pair DATA_DIR (no tags), as --src/--tgt/--train/--valid make
-            (c, v), = corpora
-            src, tgt, train, valid = c.src, c.tgt, c.prefix, v.prefix
-        else:
-            meta = binarize_pairs(corpora, tokenizer, out, workers, force)
-            typer.echo(f"wrote {out}: {', '.join(f'{s}-{t}' for s, t in meta['languages']['pairs'])}, "
-                       f"{meta['splits']['train']['lines']:,} training lines", err=True)
-            return
-    if not src or not tgt:
-        raise ConfigError("give --src and --tgt (or --corpus SRC-TGT:PREFIX pairs)")
-    splits = [SplitSpec(name, prefix) for name, prefix in (("train", train), ("valid", valid), ("test", test)) if prefix]
-    if not splits:
-        raise ConfigError("give at least one of --train, --valid, --test")
-    meta = run(src, tgt, splits, tokenizer, out, workers=workers, errors=errors, force=force)
-    for name, s in meta["splits"].items():
-        typer.echo(f"{name}: {s['lines']:,} lines, {s['src_tokens']:,} {src} / {s['tgt_tokens']:,} {tgt} tokens", err=True)
-    typer.echo(f"wrote {out}", err=True)
+    for line in binarize_command(src, tgt, train, valid, test, tokenizer, out, workers, errors, force, corpus, valid_corpus):
+        typer.echo(line, err=True)
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 @options("train", ModelConfig, OptimConfig, TrainConfig, TokenizerConfig, toml=False)
 def train(
     data_dir: Annotated[Optional[Path], typer.Argument(help="DATA_DIR from binarize (or give raw files with --src/--tgt/--train/--valid).")] = None,
@@ -137,50 +96,10 @@ def train(
     given: dict,
 ):
     """Train a Transformer on DATA_DIR, or directly on raw parallel files."""
-    from .settings import parse_duration, train_settings
-    from .training.train import RawData, TrainJob, train as run
+    from .training.command import train_command
 
-    tokenizer = TokenizerConfig(**{k: given.pop(k) for k in scoped(TokenizerConfig, "train") if k in given})
-    src_lang, tgt_lang = given.get("src_lang"), given.get("tgt_lang")
-    options = {**given, **({"max_time": parse_duration(max_time)} if max_time is not None else {})}
-    settings = train_settings(arch, options, config_file)
-    tune = None
-    if finetune is not None:  # the model comes from the checkpoint; what was asked explicitly is checked against it
-        from .training.finetune import Finetune
-
-        tune = Finetune(finetune, settings.asked_model)
-    raw = None
-    from .training.multilingual import check_options
-
-    check_options(corpus, valid_corpus, {"DATA_DIR": data_dir, "--src": src_lang, "--tgt": tgt_lang, "--train": train_prefix,
-                                         "--valid": valid_prefix})
-    if corpus:
-        from .languages import pair_corpora
-
-        corpora = pair_corpora(corpus, valid_corpus or [])
-        if len(corpora) == 1:  # one pair: a one-pair run, exactly as --src/--tgt/--train/--valid (no tags)
-            (c, v), = corpora
-            src_lang, tgt_lang, train_prefix, valid_prefix = c.src, c.tgt, c.prefix, v.prefix
-            settings = train_settings(arch, {**options, "src_lang": src_lang, "tgt_lang": tgt_lang}, config_file)
-        else:
-            raw = RawData(tokenizer=tokenizer,
-                          workers=workers, corpora=corpora)
-    if raw is None and data_dir is None:
-        if not (src_lang and tgt_lang and train_prefix and valid_prefix):
-            raise ConfigError("give a DATA_DIR, or raw files with --src, --tgt, --train and --valid")
-        raw = RawData(train_prefix, valid_prefix, tokenizer, workers)
-    elif train_prefix or valid_prefix:
-        raise ConfigError("give either a DATA_DIR or raw files (--train/--valid), not both")
-    spec = None
-    if teacher:
-        from .training.distill import Distill
-
-        spec = Distill(tuple(teacher), **({} if distill_original is None else {"original": distill_original}))
-    elif distill_original is not None:
-        raise ConfigError("--distill-original and --teacher-only say what a --teacher's student trains on; add --teacher")
-    job = TrainJob(save_dir=save_dir, model=settings.model, optim=settings.optim, train=settings.train, data_dir=data_dir,
-                   raw=raw, force=force, finetune=tune, distill=spec)
-    result = run(job)
+    result = train_command(data_dir, save_dir, arch, config_file, max_time, train_prefix, valid_prefix, corpus, valid_corpus,
+                           finetune, teacher, distill_original, workers, force, given)
     from .training.distributed import environment
 
     if environment().rank != 0:  # under torchrun the summary is rank 0's to print
@@ -196,8 +115,7 @@ def train(
     )
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 @options("translate", SearchOptions, Sampling, DecodeConfig, TranslateConfig)
 def translate(
     *,
@@ -207,13 +125,12 @@ def translate(
     given: dict,
 ):
     """Translate stdin (or --input) line by line to stdout, in input order."""
-    from .translate import translate_command
+    from .files import translate_command
 
     translate_command(checkpoint, input, output, given)
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 @options("serve", ServeConfig, SearchOptions, DecodeConfig)
 def serve(
     *,
@@ -222,16 +139,13 @@ def serve(
     given: dict,
 ):
     """Serve translations over HTTP (LibreTranslate's /translate, /v1/translate, /health, /metrics, a page at /)."""
-    from .serving.server import serve as one, settings_given
+    from .serving.pool import run
+    from .serving.server import settings_given
 
-    arguments = settings_given(checkpoint, {**given, **({"cors": ",".join(cors)} if cors else {})})
-    if arguments[-1].workers > 1:
-        from .serving.pool import run
-    run(*arguments) if arguments[-1].workers > 1 else one(*arguments)
+    run(*settings_given(checkpoint, {**given, **({"cors": ",".join(cors)} if cors else {})}))
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 @options("attention", SearchOptions, DecodeConfig, TranslateConfig)
 def attention(
     source: Annotated[str, typer.Argument(help="The source sentence.")],
@@ -255,8 +169,7 @@ def attention(
         typer.echo(f"wrote {output}", err=True)
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 def export(
     checkpoint: Annotated[Path, typer.Argument(help="best.pt or last.pt from seqtool train.")],
     out_dir: Annotated[Path, typer.Argument(help="Directory to write (model files plus sentencepiece.model).")],
@@ -272,8 +185,7 @@ def export(
     typer.echo(f"wrote {path}", err=True)
 
 
-@app.command("import", cls=Command)
-@handles_user_errors
+@command(app, "import")
 def import_(
     directory: Annotated[Path, typer.Argument(help="A transformers Marian model directory (an OPUS-MT model saved with save_pretrained).")],
     *,
@@ -285,14 +197,11 @@ def import_(
     """Import a pretrained model in transformers' Marian format as a seqtool checkpoint."""
     from .interop import import_marian
 
-    if output.exists() and not force:
-        raise InputError(f"{output}: already exists; pass --force to replace it")
-    import_marian(directory, output, src_lang, tgt_lang)
+    import_marian(directory, output, src_lang, tgt_lang, force)
     typer.echo(f"wrote {output}", err=True)
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 def score(
     *,
     ref: Annotated[list[Path], typer.Option("--ref", "-r", help="Reference file; repeat for several references.")],
@@ -303,26 +212,13 @@ def score(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object on stdout.")] = False,
 ):
     """Score translations against references with sacrebleu (BLEU, chrF, TER)."""
-    from .score import score_files
+    from .score import print_scores, score_files
 
     names = [m.strip().lower() for m in metrics.split(",") if m.strip()]
-    results = score_files(hyp, ref, names, tokenize, lowercase)  # hypotheses from stdin without --hyp
-    if as_json:
-        typer.echo(json.dumps({r.name: {"score": round(r.score, 4), "signature": r.signature, "detail": r.detail} for r in results}))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(show_edge=False)
-    for column in ("metric", "score", "signature"):
-        table.add_column(column)
-    for r in results:
-        table.add_row(r.name.upper() if r.name != "chrf" else "chrF", f"{r.score:.2f}", r.signature)
-    Console(soft_wrap=True).print(table)
+    print_scores(score_files(hyp, ref, names, tokenize, lowercase), as_json)  # hypotheses from stdin without --hyp
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 def info(
     checkpoint: Annotated[Path, typer.Argument(help="A checkpoint: last.pt, best.pt, checkpoint_u<N>.pt or an average.")],
     *,
@@ -335,8 +231,7 @@ def info(
     typer.echo(summary.to_json() if as_json else summary.to_text(), nl=as_json)
 
 
-@app.command(cls=Command)
-@handles_user_errors
+@command(app)
 def average(
     checkpoints: Annotated[list[Path], typer.Argument(help="Checkpoints of one model to average.")],
     *,
@@ -346,9 +241,7 @@ def average(
     """Average the weights of several checkpoints into one."""
     from .checkpoint import average as run
 
-    if output.exists() and not force:
-        raise InputError(f"{output}: already exists; pass --force to replace it")
-    run(checkpoints, output)
+    run(checkpoints, output, force)
     typer.echo(f"wrote {output} (average of {len(checkpoints)} checkpoints)", err=True)
 
 

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from . import checkpoint
 from .errors import ConfigError, InputError
+from .textio import refuse_existing
 
 FORMATS = ("ctranslate2", "huggingface")
 # Weight types CTranslate2 can store (its converters' --quantization); None keeps float32.
@@ -42,8 +43,7 @@ def export(checkpoint_path: Path, out_dir: Path, fmt: str = "ctranslate2", force
     if quantization is not None and quantization not in CT2_QUANTIZATIONS:
         raise ConfigError(f"--quantization must be one of {', '.join(CT2_QUANTIZATIONS)}, got {quantization!r}")
     out_dir = Path(out_dir)
-    if out_dir.exists() and not force:
-        raise InputError(f"{out_dir}: already exists; pass --force to replace it")
+    refuse_existing(out_dir, force)
     if out_dir.exists():
         check_replaceable(out_dir)
     if quantization is not None and fmt != "ctranslate2":

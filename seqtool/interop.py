@@ -475,9 +475,12 @@ def target_tags(pieces: list[str], src_lang: str) -> Optional[Languages]:
     return Languages(tuple((src, t) for t in targets), first_tag=len(pieces), tag_ids=tuple(found[t] for t in targets))
 
 
-def import_marian(directory: Path, output: Path, src_lang: str = "", tgt_lang: str = "") -> dict[str, Any]:
+def import_marian(directory: Path, output: Path, src_lang: str = "", tgt_lang: str = "", force: bool = False) -> dict[str, Any]:
     """The `seqtool import` command: DIRECTORY (transformers' Marian format) as a seqtool checkpoint
-    at OUTPUT (written atomically). Returns the checkpoint."""
+    at OUTPUT (written atomically; an existing one replaced only with force). Returns the checkpoint."""
+    from .textio import refuse_existing
+
+    refuse_existing(output, force)
     directory = Path(directory)
     if not directory.is_dir():
         raise InputError(f"{directory}: not a directory; give the folder a Marian model was saved in (save_pretrained)")

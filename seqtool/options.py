@@ -56,6 +56,22 @@ class Command(TyperCommand):
         return pieces
 
 
+def command(app: typer.Typer, name: Optional[str] = None) -> Callable[[Callable], Callable]:
+    """app.command with seqtool's help (Command) and its way of failing (exits.handles_user_errors)."""
+    from .exits import handles_user_errors
+
+    return lambda fn: app.command(name, cls=Command)(handles_user_errors(fn))
+
+
+def print_version(value: bool) -> None:
+    """--version's callback: `seqtool X.Y.Z`, from the installed package's metadata."""
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"seqtool {version('seqtool')}")
+        raise typer.Exit()
+
+
 def _kind(cls, name: str) -> type:
     """The command-line type of a field: a config inside a config (SearchOptions.sampling) is a flag."""
     hint = typing.get_type_hints(cls)[name]

@@ -74,3 +74,21 @@ def score_files(hyp_path: Optional[Path], ref_paths: Sequence[Path], metrics: Se
         if len(ref) != len(hyps):
             raise InputError(f"{hyp_name} has {len(hyps)} lines but {path} has {len(ref)}; hypotheses and references must align line by line")
     return score_lines(hyps, refs, metrics, tokenize, lowercase)
+
+
+def print_scores(results: Sequence[MetricScore], as_json: bool) -> None:
+    """`seqtool score`'s stdout: one JSON object, or a table of metric, score and signature."""
+    if as_json:
+        import json
+
+        print(json.dumps({r.name: {"score": round(r.score, 4), "signature": r.signature, "detail": r.detail} for r in results}))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_edge=False)
+    for column in ("metric", "score", "signature"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r.name.upper() if r.name != "chrf" else "chrF", f"{r.score:.2f}", r.signature)
+    Console(soft_wrap=True).print(table)

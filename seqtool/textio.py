@@ -269,3 +269,9 @@ def atomic_text_output(path: Path) -> Iterator[TextIO]:
     finally:
         interrupts.restore()
         tmp.unlink(missing_ok=True)
+
+
+def refuse_existing(path, force: bool) -> None:
+    """Nothing a user made is overwritten unless they say so: an existing output needs --force."""
+    if os.path.lexists(path) and not force:
+        raise InputError(f"{path}: already exists; pass --force to replace it")

@@ -233,9 +233,13 @@ class Tokenizer:
 
 
 def train_tokenizer(files: Sequence[Path], model_prefix: str, config: TokenizerConfig,
-                    repeats: Optional[Sequence[int]] = None) -> Path:
+                    repeats: Optional[Sequence[int]] = None, force: bool = True) -> Path:
     """Train a joint model over all `files`; writes PREFIX.model and PREFIX.vocab; returns the .model path.
-    repeats: how many times each file's lines go into the sample (a small language's, to get its pieces)."""
+    repeats: how many times each file's lines go into the sample (a small language's, to get its pieces).
+    force: replace an existing PREFIX.model (the command asks for --force)."""
+    from .textio import refuse_existing
+
+    refuse_existing(f"{model_prefix}.model", force)
     prefix = Path(model_prefix)
     if prefix.parent and not prefix.parent.exists():
         prefix.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,8 @@ from seqtool.alignment import force_decode, format_alignment, hard_alignment, pa
 from seqtool.config import ConfigError, DecodeConfig, SearchOptions, TranslateConfig, model_config_for
 from seqtool.model import MultiHeadAttention
 from seqtool.search import Hypothesis
-from seqtool.translate import Translator, format_translation
+from seqtool.files import format_translation
+from seqtool.translate import Translator
 
 from conftest import seqtool
 

@@ -53,6 +53,7 @@ def api(tiny_checkpoint):
 
 
 def test_import_from_the_package_is_the_translator(api):
+    import seqtool.files
     import seqtool.translate
 
     Translator, _ = api
@@ -114,6 +115,7 @@ runner = CliRunner()
 
 
 def _seen_by_translate_file(monkeypatch, args):
+    import seqtool.files
     import seqtool.translate
 
     seen = {}
@@ -122,7 +124,7 @@ def _seen_by_translate_file(monkeypatch, args):
         seen.update(checkpoint=checkpoint, config=config, options=options, io=io)
         return 0
 
-    monkeypatch.setattr(seqtool.translate, "translate_file", fake)
+    monkeypatch.setattr(seqtool.files, "translate_file", fake)
     result = runner.invoke(app, ["translate", *args])
     assert result.exit_code == 0, result.output
     return seen

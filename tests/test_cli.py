@@ -78,6 +78,7 @@ def test_train_on_raw_files_and_config_file(monkeypatch, tmp_path):
 
 @pytest.mark.unit
 def test_translate_options_reach_the_library_call(monkeypatch, tmp_path):
+    import seqtool.files
     import seqtool.translate
 
     seen = {}
@@ -86,7 +87,7 @@ def test_translate_options_reach_the_library_call(monkeypatch, tmp_path):
         seen.update(checkpoint=checkpoint, config=config, options=options, io=io, input=input_path)
         return 0
 
-    monkeypatch.setattr(seqtool.translate, "translate_file", fake)
+    monkeypatch.setattr(seqtool.files, "translate_file", fake)
     result = runner.invoke(app, ["translate", "-c", "m.pt", "--beam", "4", "--lenpen", "0.6", "--nbest", "2",
                                  "--max-tokens", "100", "--batch-size", "7", "--max-len-a", "1.5", "--max-len-b", "9",
                                  "--device", "cpu", "--threads", "1", "--input", "in.txt", "--print-alignment", "--alignment-layer", "2"])
@@ -103,7 +104,7 @@ def test_binarize_and_tokenizer_options_reach_the_library(monkeypatch):
     import seqtool.tokenizer
 
     seen = {}
-    monkeypatch.setattr(seqtool.tokenizer, "train_tokenizer", lambda files, prefix, config: seen.update(files=files, prefix=prefix, config=config) or Path("x.model"))
+    monkeypatch.setattr(seqtool.tokenizer, "train_tokenizer", lambda files, prefix, config, force: seen.update(files=files, prefix=prefix, config=config) or Path("x.model"))
     result = runner.invoke(app, ["train-tokenizer", "a.txt", "b.txt.gz", "--model-prefix", "tok/spm", "--vocab-size", "321",
                                  "--model-type", "unigram", "--character-coverage", "0.9995", "--input-sentence-size", "1000", "--byte-fallback"])
     assert result.exit_code == 0, result.output
@@ -221,6 +222,7 @@ def test_a_setting_in_scope_reaches_every_front_end_and_a_toml_table(tmp_path, m
     ask for is a field of both server APIs' request models, every translate field a translate option
     and a key of --config's [translate] table, which the command line overrides; a bad key or value
     is one line naming the file, the table and the key."""
+    import seqtool.files
     import seqtool.translate
     from seqtool.config import DecodeConfig, Sampling, SearchOptions, TranslateConfig
     from seqtool.fields import scoped
@@ -230,7 +232,7 @@ def test_a_setting_in_scope_reaches_every_front_end_and_a_toml_table(tmp_path, m
     assert set(scoped(SearchOptions, "request")) - {"nbest"} <= set(LibreRequest.model_fields)
     assert set(scoped(Sampling, "request")) == set(SamplingIn.model_fields)
     seen = {}
-    monkeypatch.setattr(seqtool.translate, "translate_command", lambda checkpoints, input, output, given: seen.update(given))
+    monkeypatch.setattr(seqtool.files, "translate_command", lambda checkpoints, input, output, given: seen.update(given))
     (tmp_path / "run.toml").write_text("[translate]\nbeam = 3\nmax_len_b = 50\nsampling = true\ntopk = 10\nsplit_sentences = \"never\"\n")
     result = runner.invoke(app, ["translate", "-c", "m.pt", "--config", str(tmp_path / "run.toml"), "--beam", "4"])
     assert result.exit_code == 0, result.output

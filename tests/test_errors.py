@@ -27,7 +27,8 @@ from seqtool.cli import app
 from seqtool.config import TokenizerConfig, TranslateConfig
 from seqtool.data import ParallelDataset
 from seqtool.tokenizer import Tokenizer, train_tokenizer
-from seqtool.translate import settings, translate_file
+from seqtool.files import translate_file
+from seqtool.translate import settings
 
 runner = CliRunner()
 PYTHON = [sys.executable, "-m", "seqtool"]
@@ -315,13 +316,14 @@ def test_full_disk_at_save_keeps_the_previous_checkpoint(data_dir, tmp_path, mon
 
 @pytest.mark.unit
 def test_full_disk_while_translating_keeps_the_previous_output(tmp_path, monkeypatch):
+    import seqtool.files
     import seqtool.translate
 
     def write_then_fail(checkpoint_path, config, options, io, input_path, output):
         output.write("half a translation\n")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(seqtool.translate, "translate_file", write_then_fail)
+    monkeypatch.setattr(seqtool.files, "translate_file", write_then_fail)
     out = tmp_path / "out.txt"
     out.write_text("previous translation\n")
     one_error(cli("translate", "-c", tmp_path / "m.pt", "-o", out, input=b"a\n"), "out.txt: no space left on device")
@@ -356,7 +358,7 @@ def test_existing_outputs_are_never_overwritten_without_force(data_dir, corpus, 
     assert snapshot(run) == saved
     (tmp_path / "avg.pt").write_bytes(b"mine")
     one_error(cli("average", tiny_checkpoint, "--output", tmp_path / "avg.pt"), "already exists", "--force")
-    one_error(cli("train-tokenizer", corpus / "train.src", "--model-prefix", corpus / "spm"), "spm.model already exists")
+    one_error(cli("train-tokenizer", corpus / "train.src", "--model-prefix", corpus / "spm"), "spm.model: already exists; pass --force")
     assert (tmp_path / "avg.pt").read_bytes() == b"mine"
 
 
@@ -625,6 +627,7 @@ def test_translate_input_without_newlines_is_refused_not_buffered_without_end(ti
 def test_out_of_memory_advice_names_only_what_the_command_has(tmp_path, monkeypatch):
     """`import` has no --max-tokens: its out-of-memory line says what it is; translate's names its options."""
     import seqtool.interop
+    import seqtool.files
     import seqtool.translate
 
     def out_of_memory(*args, **kwargs):
@@ -634,5 +637,5 @@ def test_out_of_memory_advice_names_only_what_the_command_has(tmp_path, monkeypa
     (tmp_path / "model").mkdir()
     line = one_error(cli("import", tmp_path / "model", "--output", tmp_path / "x.pt"), "out of memory")
     assert "--max-tokens" not in line and "--batch-size" not in line and "import" in line
-    monkeypatch.setattr(seqtool.translate, "translate_file", out_of_memory)
+    monkeypatch.setattr(seqtool.files, "translate_file", out_of_memory)
     one_error(cli("translate", "-c", tmp_path / "x.pt"), "out of memory; lower --max-tokens / --batch-size")

@@ -33,7 +33,8 @@ from seqtool.cli import app
 from seqtool.config import TranslateConfig
 from seqtool.data import ParallelDataset
 from seqtool.tokenizer import Tokenizer
-from seqtool.translate import Translator, translate_file
+from seqtool.files import translate_file
+from seqtool.translate import Translator
 from test_interop import hostile, small_marian, spms  # noqa: F401 - (small_marian, spms: fixtures)
 
 pytestmark = pytest.mark.integration

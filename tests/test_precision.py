@@ -119,10 +119,11 @@ def test_fp16_on_cpu_is_a_one_line_error(tiny_checkpoint):
 
 @pytest.mark.unit
 def test_quantize_option_reaches_the_library_call(monkeypatch):
+    import seqtool.files
     import seqtool.translate
 
     seen = {}
-    monkeypatch.setattr(seqtool.translate, "translate_file", lambda ckpt, config, *a: seen.update(config=config) or 0)
+    monkeypatch.setattr(seqtool.files, "translate_file", lambda ckpt, config, *a: seen.update(config=config) or 0)
     result = runner.invoke(app, ["translate", "-c", "m.pt", "--quantize", "int8", "--threads", "2"])
     assert result.exit_code == 0, result.output
     assert (seen["config"].quantize, seen["config"].precision, seen["config"].threads) == ("int8", "auto", 2)  # auto: fp32 with int8

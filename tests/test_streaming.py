@@ -14,7 +14,8 @@ from seqtool.config import TranslateConfig
 from seqtool.search import Hypothesis
 from seqtool.textio import InputError
 from seqtool.linereader import LineReader
-from seqtool.translate import settings, translate_file
+from seqtool.files import translate_file
+from seqtool.translate import settings
 
 
 class Trickle:

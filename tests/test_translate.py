@@ -9,7 +9,8 @@ import pytest
 from seqtool.config import Sampling, SearchOptions, TranslateConfig
 from seqtool.device import cpu_bf16_instructions
 from seqtool.errors import ConfigError
-from seqtool.translate import Translator, format_translation, settings, translate_file
+from seqtool.files import format_translation, translate_file
+from seqtool.translate import Translator, settings
 
 pytestmark = pytest.mark.system
 

@@ -31,7 +31,7 @@ from .. import log
 from ..config import DecodeConfig, SearchOptions, ServeConfig
 from ..errors import ResourceError, SeqtoolError
 from ..interrupts import die_with_parent
-from .server import check, listener
+from .server import check, listener, serve
 
 ENV = "SEQTOOL_SERVE_WORKER"
 
@@ -43,7 +43,10 @@ def default_threads(workers: int) -> int:
 
 
 def run(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, options: SearchOptions, config: ServeConfig) -> None:
-    """Start config.workers workers and supervise them until SIGTERM/Ctrl-C or one ends on its own."""
+    """Start config.workers workers and supervise them until SIGTERM/Ctrl-C or one ends on its own (one
+    worker: this process serves, server.serve)."""
+    if config.workers == 1:
+        return serve(checkpoints, decode, options, config)
     check(options, config)
     sock = listener(config.host, config.port)
     port = sock.getsockname()[1]
