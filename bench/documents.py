@@ -83,7 +83,7 @@ def measure(a, path: Path, src: list[str], ref: list[str]) -> dict:
     from seqtool.config import SearchOptions
     from seqtool.documents import span_words
     from seqtool.documents import protect
-    from seqtool.pipeline import TextPolicy
+    from seqtool.textpolicy import TextPolicy
     from seqtool.translate import Translator
 
     t = Translator.load(path, device="cpu", threads=a.threads, beam=5)

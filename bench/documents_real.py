@@ -180,7 +180,7 @@ def costs(a, sources: dict) -> dict[str, float]:
     every --cost-every-th document (a sample of each collection), --rounds rounds, the two jobs back to back
     in each in rotated order; the ratio is the median of the rounds' ratios (a slow spell of a shared machine
     falls on both jobs of a round)."""
-    from seqtool import pipeline
+    from seqtool import textpolicy
     from seqtool.documents import parse
     from seqtool.translate import Translator
 
@@ -189,7 +189,7 @@ def costs(a, sources: dict) -> dict[str, float]:
     # the same text as plain lines, a document at a time (as a user would translate its text): each unit a line
     lines = [[u.text.replace("\n", " ") for u in parse(text, format).units] for text, format in sample]
     jobs = {"documents": lambda: [translator.translate_document(text, format) for text, format in sample],
-            "plain": lambda: [translator.translate_lines(0, each, policy=pipeline.TextPolicy()) for each in lines]}
+            "plain": lambda: [translator.translate_lines(0, each, policy=textpolicy.TextPolicy()) for each in lines]}
     jobs["plain"]()  # (warm-up)
     times: dict[str, list[float]] = {k: [] for k in jobs}
     for r in range(a.rounds):

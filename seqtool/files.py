@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO, Union
 
-from . import log, pipeline
+from . import log, textpolicy
 from .alignment import format_alignment
 from .config import DecodeConfig, SearchOptions, TranslateConfig
 from .linereader import LineReader
@@ -104,7 +104,7 @@ def translate_file(checkpoint_path: Union[Path, Sequence[Path]], config: DecodeC
 
             return score_stream(translator, reader.chunks(config.chunk_lines), name, Path(io.target), output, io.errors)
         count = 0
-        policy = pipeline.TextPolicy.choose(io.split_sentences, alignments=io.print_alignment,
+        policy = textpolicy.TextPolicy.choose(io.split_sentences, alignments=io.print_alignment,
                                             whole=bool(io.target_prefix or io.constraints or io.glossary))
         prefixes = LockstepLines(Path(io.target_prefix), name, "--target-prefix", "one line per input line (an empty line: no prefix)", io.errors) if io.target_prefix else None
         wanted = LockstepLines(Path(io.constraints), name, "--constraints", "one JSON list per input line (an empty line: none)", io.errors) if io.constraints else None

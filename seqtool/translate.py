@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import torch
 
-from . import allocator, ensemble, log, pipeline, precision
+from . import allocator, ensemble, log, pipeline, precision, textpolicy
 from .alignment import pairs, resolve_layer
 from .errors import ConfigError, InputError
 from .config import DecodeConfig, Sampling, SearchOptions
@@ -27,7 +27,8 @@ from .languages import Languages
 from .model import padded
 from .constraints import WordPieces
 from .pipeline import Origin, Translation
-from .search import Hypothesis, search
+from .search import search
+from .steps import Hypothesis
 from .textio import strip_line_end
 from .tokenizer import Tokenizer
 from .device import announce, auto_precision, pick_device, resolve_precision, sdpa_without_cudnn
@@ -253,23 +254,23 @@ class Translator:
         return pipeline.run(self, segments, options or self.options)
 
     def translate_lines(self, start: int, lines: list[str], options: Optional[SearchOptions] = None,
-                        policy: Optional[pipeline.TextPolicy] = None, prefixes: Optional[list[str]] = None,
+                        policy: Optional[textpolicy.TextPolicy] = None, prefixes: Optional[list[str]] = None,
                         constraints: Optional[list[list]] = None, glossary=None) -> list[Translation]:
-        """Lines numbered start, start+1, ... translated under the one text policy (pipeline.TextPolicy:
+        """Lines numbered start, start+1, ... translated under the one text policy (textpolicy.TextPolicy:
         placeholders, letterless pass-through, sentences; default: the policy for these options and
         inputs), one Translation per line with every alternative asked for. prefixes: each line's
         target prefix ("" none); constraints: each line's phrases (terms.py items); glossary
         (terms.Glossary): each line's terms become constraints."""
         options = options or self.options
         if policy is None:
-            policy = pipeline.TextPolicy.choose(alignments=self.config.alignments,
+            policy = textpolicy.TextPolicy.choose(alignments=self.config.alignments,
                                                 whole=prefixes is not None or constraints is not None or glossary is not None)
         origins = pipeline.lines(start, lines, "input line")
-        plan = pipeline.unit_segments(self, pipeline.units_of(lines, policy), origins, policy, self.source_lang, prefixes,
+        plan = textpolicy.unit_segments(self, textpolicy.units_of(lines, policy), origins, policy, self.source_lang, prefixes,
                                       constraints, glossary)
-        pipeline.tell(plan.notes)
+        textpolicy.tell(plan.notes)
         translations = pipeline.run(self, plan.segments, options)
-        return pipeline.lines_translated(self, lines, plan, translations, origins)
+        return textpolicy.lines_translated(self, lines, plan, translations, origins)
 
     def translate_document(self, doc: str, format: str = "html", options: Optional[SearchOptions] = None,
                            split: str = "auto", glossary=None, attributes: bool = True, name: str = "") -> str:
@@ -288,11 +289,11 @@ class Translator:
         for note in document.notes:
             log.warn(f"{name or format + ' document'}: {note}")
         origins = [Origin(0, k, 0, f"{name or format} block {k + 1}") for k in range(len(document.units))]
-        policy = pipeline.TextPolicy(split)
-        plan = pipeline.unit_segments(self, document.units, origins, policy, self.source_lang, glossary=glossary, blocks=True)
-        pipeline.tell(plan.notes)
+        policy = textpolicy.TextPolicy(split)
+        plan = textpolicy.unit_segments(self, document.units, origins, policy, self.source_lang, glossary=glossary, blocks=True)
+        textpolicy.tell(plan.notes)
         translations = pipeline.run(self, plan.segments, options)
-        return document.render(pipeline.assemble(self, plan, translations), self.target_lang or None)
+        return document.render(textpolicy.assemble(self, plan, translations), self.target_lang or None)
 
     @property
     def target_lang(self) -> str:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from seqtool.constraints import ConstraintState, WordPieces, stripes
-from seqtool.search import Hypothesis  # (the result record; every helper the search uses is written out below)
+from seqtool.steps import Hypothesis  # (the result record; every helper the search uses is written out below)
 
 # The reference's own helpers, written plainly, not imported from the search they check: the output
 # cap, the bans of a step, the prefix pass and torch.topk in place of search.top_k's two-pass selection.

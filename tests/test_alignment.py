@@ -10,7 +10,7 @@ import torch
 from seqtool.alignment import force_decode, format_alignment, hard_alignment, pairs
 from seqtool.config import ConfigError, DecodeConfig, SearchOptions, TranslateConfig, model_config_for
 from seqtool.model import MultiHeadAttention
-from seqtool.search import Hypothesis
+from seqtool.steps import Hypothesis
 from seqtool.files import format_translation
 from seqtool.translate import Translator
 

@@ -103,7 +103,7 @@ def test_marian_positions_are_seqtool_positions_in_another_order():
 @pytest.mark.unit
 def test_what_seqtool_cannot_run_exactly_is_refused_by_its_field():
     from seqtool.errors import InputError
-    from seqtool.interop import model_config
+    from seqtool.marian import model_config
 
     good = dict(model_type="marian", d_model=32, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
                 decoder_ffn_dim=64, activation_function="swish", vocab_size=100, pad_token_id=99, eos_token_id=0,
@@ -452,7 +452,7 @@ def test_import_reads_only_regular_files_of_the_directory_within_caps_and_checks
     import os
     import shutil
 
-    from seqtool.interop import VOCAB_CAP
+    from seqtool.marian import VOCAB_CAP
 
     (tmp_path / "elsewhere").mkdir()
     shutil.copy(small_marian / "vocab.json", tmp_path / "elsewhere" / "vocab.json")

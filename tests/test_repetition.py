@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from seqtool.config import Sampling, SearchOptions, model_config_for
 from seqtool.errors import FieldError
 from seqtool.model import Transformer
-from seqtool.search import GUARD_LONGEST, RepeatBans, has_loop, search
+from seqtool.search import search
+from seqtool.steps import GUARD_LONGEST, RepeatBans, has_loop
 from test_search import BOS, EOS, PAD, FakeCache, FakeConfig
 
 pytestmark = pytest.mark.unit

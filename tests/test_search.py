@@ -206,7 +206,7 @@ def test_batched_beam_equals_one_at_a_time(real_model):
 # ---- the beam's candidate selection: a blockwise top-k ---------------------
 @pytest.mark.parametrize("V, k", [(8000, 10), (8000, 1), (8001, 10), (58101, 8), (1000, 2), (4096, 16), (300, 10), (129, 2)])
 def test_block_top_k_equals_torch_topk(V, k):
-    from seqtool.search import top_k
+    from seqtool.steps import top_k
 
     g = torch.Generator().manual_seed(V + k)
     x = torch.randn(37, V, generator=g) * 4

@@ -11,7 +11,7 @@ import pytest
 
 import seqtool.translate
 from seqtool.config import TranslateConfig
-from seqtool.search import Hypothesis
+from seqtool.steps import Hypothesis
 from seqtool.textio import InputError
 from seqtool.linereader import LineReader
 from seqtool.files import translate_file

@@ -1,4 +1,4 @@
-"""One text policy for every front-end (pipeline.TextPolicy): the CLI's best and n-best lines, the
+"""One text policy for every front-end (textpolicy.TextPolicy): the CLI's best and n-best lines, the
 Python API, LibreTranslate's /translate with and without alternatives, and /v1/translate with and
 without n-best all give the same translation of the same line: URLs and e-mail addresses verbatim
 and apart from the words around them, text with no letter as it was, long lines cut into sentences
@@ -81,14 +81,14 @@ WORDS = " ".join("abcdefghij"[(k * 7) % 10] * (1 + k % 4) for k in range(400))  
 
 
 def test_a_long_line_without_sentence_ends_is_translated_in_pieces_never_cropped(tiny_checkpoint):
-    from seqtool import pipeline
+    from seqtool import pipeline, textpolicy
     from seqtool.translate import Translator
 
     with Translator.load(tiny_checkpoint, device="cpu", precision="fp32", threads=2, beam=1, max_len_a=0.0, max_len_b=4) as t:
         for mode in ("auto", "never"):  # (never: the user's choice, prefixes, constraints, alignments)
-            policy = pipeline.TextPolicy(mode)
-            plan = pipeline.unit_segments(t, pipeline.units_of([WORDS], policy), pipeline.lines(0, [WORDS]), policy)
-            most = pipeline.budget(t, mode)
+            policy = textpolicy.TextPolicy(mode)
+            plan = textpolicy.unit_segments(t, textpolicy.units_of([WORDS], policy), pipeline.lines(0, [WORDS]), policy)
+            most = textpolicy.budget(t, mode)
             assert len(plan.segments) > 1 and all(0 < len(s.ids) <= most + 1 for s in plan.segments)
             assert "".join(a + b for a, b in plan.joints[0].pieces) == WORDS  # every word goes to the model
             assert len(plan.notes) == 1 and f"pieces of at most {most} tokens" in plan.notes[0][1]
@@ -126,9 +126,9 @@ def test_a_server_response_says_when_it_cut_a_text_or_reached_the_length_cap(tin
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet="abcdefghij \t\u00e9\u4e2d", min_size=1, max_size=400), st.integers(1, 40))
 def test_budgeted_pieces_keep_every_character_and_fit_the_budget(tiny_translator, text, limit):
-    from seqtool import pipeline
+    from seqtool import textpolicy
 
-    pieces, _ = pipeline.budgeted(tiny_translator, [(text, "")], limit)
+    pieces, _ = textpolicy.budgeted(tiny_translator, [(text, "")], limit)
     assert "".join(a + b for a, b in pieces) == text
     # (a piece is re-read alone: a word cut in two may take one more token at the cut; no piece is less than a character)
     sizes = tiny_translator.tokenizer.encode_batch([a for a, _ in pieces])

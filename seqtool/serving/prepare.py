@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from .. import log, pipeline
+from .. import log, pipeline, textpolicy
 from ..config import Sampling, SearchOptions, ServeConfig
 from ..errors import FieldError, InputError
 from ..interrupts import check_deadline
@@ -77,7 +77,7 @@ def options(base: SearchOptions, config: ServeConfig, asked: dict[str, Any], sam
 def lines(translator, name: str, texts: Sequence[str], prefixes: Optional[Sequence[str]] = None,
           constraints: Optional[Sequence[Sequence[Any]]] = None, glossary: Optional[dict] = None,
           max_constraints: int = 0, alignments: bool = False) -> "Lines":
-    """The request's segments as lines under the one text policy (pipeline.TextPolicy; a worker
+    """The request's segments as lines under the one text policy (textpolicy.TextPolicy; a worker
     thread runs this). A segment is one line: a line break inside it is a space. BadRequest 422 for
     a constraint item that cannot be one, 413 when the glossary gives a segment more constraints
     than --max-constraints."""
@@ -98,19 +98,19 @@ def lines(translator, name: str, texts: Sequence[str], prefixes: Optional[Sequen
                 raise BadRequest(413, f"constraints of segment {k + 1}: {len(_phrases(found))} phrases with the glossary's; "
                                       f"this server takes at most {max_constraints} per segment (--max-constraints)")
     origins = [Origin(line=k, label=f"{name}, segment {k + 1}") for k in range(len(texts))]
-    policy = pipeline.TextPolicy.choose(alignments=alignments, whole=prefixes is not None or items is not None)
-    plan = pipeline.unit_segments(translator, pipeline.units_of(texts, policy), origins, policy, translator.source_lang,
+    policy = textpolicy.TextPolicy.choose(alignments=alignments, whole=prefixes is not None or items is not None)
+    plan = textpolicy.unit_segments(translator, textpolicy.units_of(texts, policy), origins, policy, translator.source_lang,
                                   prefixes, items)
-    pipeline.tell(plan.notes)
+    textpolicy.tell(plan.notes)
     return Lines(texts, origins, plan)
 
 
 @dataclass
 class Lines:
-    """A request's segments as lines: their texts, origins and plan (pipeline.Plan)."""
+    """A request's segments as lines: their texts, origins and plan (textpolicy.Plan)."""
     texts: list[str]
     origins: list[Origin]
-    plan: pipeline.Plan
+    plan: textpolicy.Plan
 
 
 def translations(segments: Sequence[Segment], results: Sequence[tuple]) -> list[pipeline.Translation]:
@@ -129,7 +129,7 @@ def warnings(translator, what: str, notes: Sequence[tuple[pipeline.Origin, str]]
 
 def lines_answer(translator, request: Lines, results: Sequence[tuple]) -> list[pipeline.Translation]:
     """One Translation per segment of the request, every alternative placed (a worker thread runs this)."""
-    return pipeline.lines_translated(translator, request.texts, request.plan, translations(request.plan.segments, results),
+    return textpolicy.lines_translated(translator, request.texts, request.plan, translations(request.plan.segments, results),
                                      request.origins)
 
 
@@ -145,10 +145,10 @@ def readable(text: str, format: str) -> str:
 
 @dataclass
 class Documents:
-    """A request's texts read as documents: each one's parsed form and plan (pipeline.Plan), and where
+    """A request's texts read as documents: each one's parsed form and plan (textpolicy.Plan), and where
     its segments start in the request's list."""
     parsed: list
-    plans: list[pipeline.Plan]
+    plans: list[textpolicy.Plan]
     starts: list[int]
     segments: list[Segment]
 
@@ -169,13 +169,13 @@ def documents(translator, name: str, texts: Sequence[str], format: str, split: s
         for note in doc.notes:
             log.warn(f"{name}, text {d + 1}: {note}")
         origins = [Origin(d, k, 0, f"{name}, text {d + 1}, block {k + 1}") for k in range(len(doc.units))]
-        plan = pipeline.unit_segments(translator, doc.units, origins, pipeline.TextPolicy(split), translator.source_lang,
+        plan = textpolicy.unit_segments(translator, doc.units, origins, textpolicy.TextPolicy(split), translator.source_lang,
                                       glossary=terms, blocks=True)
         parsed.append(doc)
         plans.append(plan)
         starts.append(len(segments))
         segments += plan.segments
-    pipeline.tell([n for plan in plans for n in plan.notes])  # (and the response names each)
+    textpolicy.tell([n for plan in plans for n in plan.notes])  # (and the response names each)
     return Documents(parsed, plans, starts, segments)
 
 
@@ -193,6 +193,6 @@ def rendered(translator, docs: Documents, results: Sequence[tuple]) -> list[list
         check_deadline()
         plan = docs.plans[d]
         mine = translations(plan.segments, results[docs.starts[d]:docs.starts[d] + len(plan.segments)])
-        out.append([doc.render(pipeline.assemble(translator, plan, mine, rank), translator.target_lang or None)
-                    for rank in range(pipeline.alternatives(plan, mine))])
+        out.append([doc.render(textpolicy.assemble(translator, plan, mine, rank), translator.target_lang or None)
+                    for rank in range(textpolicy.alternatives(plan, mine))])
     return out
