@@ -19,7 +19,7 @@ HOLA = {"q": "a b c", "source": "auto", "target": "tgt"}
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
     s = Server(tiny_checkpoint, "--header-timeout", "1.5", "--body-timeout", "1.5", "--keep-alive-timeout", "1",
-               "--max-connections", "24", "--request-timeout", "5", "--max-chars", "2000000")
+               "--max-connections", "24", "--request-timeout", "5", "--max-chars", "6000000")
     yield s
     err = s.stop()
     assert s.proc.returncode in STOPPED, err
@@ -141,7 +141,7 @@ def test_a_descriptor_limit_is_never_reached_by_idle_sockets(tiny_checkpoint):
 
 
 def test_text_work_stops_at_the_request_timeout_and_never_starves_a_small_request(server):
-    page = "<html><body>" + "".join(f"<p>a b <b>c d</b> e{k % 7}.</p>\n" for k in range(60_000)) + "</body></html>"  # ~1.7 MB: ~15 s of work
+    page = "<html><body>" + "".join(f"<p>a b <b>c d</b> e{k % 7}.</p>\n" for k in range(150_000)) + "</body></html>"  # ~4.3 MB: ~12 s of work
     results = []
 
     def big():
@@ -157,5 +157,5 @@ def test_text_work_stops_at_the_request_timeout_and_never_starves_a_small_reques
         c.join(60)
     assert [code for code, _, _ in results] == [504] * 4, results
     assert all("--request-timeout" in text for _, _, text in results)
-    assert max(t for _, t, _ in results) < 15, results  # 5 s of --request-timeout (the work would take ~15 s each), then it stopped
+    assert max(t for _, t, _ in results) < 15, results  # 5 s of --request-timeout (the work would take ~12 s each), then it stopped
     assert max(latencies) < 5, latencies

@@ -41,7 +41,8 @@ HTTP_STATUS: dict[type, int] = {TooLarge: 413, InputError: 400, ConfigError: 422
 RETRY_AFTER_SECONDS = 1
 INLINE_BYTES = 16384  # a body this small is parsed on the event loop (measured: ~3 us for a one-segment request)
 HEAVY_CHARS = 20_000  # a request with more characters does its text work on the heavy pool
-HEAVY_WORKERS = 2  # threads of the heavy pool (the default pool, min(32, cores + 4), serves the rest)
+HEAVY_WORKERS = 1  # the heavy pool's threads: text work is Python, bound by the GIL, so a second thread adds no speed and
+# doubles what a small request's thread waits for (measured: the first small request beside 4 heavy ones 1-2 s, not 3-5 s)
 
 
 def http_status(error: SeqtoolError) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import sys
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -122,6 +123,11 @@ def serve(checkpoints: Union[Path, Sequence[Path]], decode: DecodeConfig, option
         if missing:  # uvicorn falls back to its pure-Python parser / asyncio's loop
             log.info(f"{' and '.join(missing)} not installed: uvicorn runs its pure-Python fallbacks, which take more "
                      f"CPU time per request (pip install 'seqtool[serve]' installs them)")
+        # a request's text work runs in threads (endpoints.Service.work): a thread that computes keeps the GIL for
+        # the switch interval each time the event loop's thread asks for it back, and a small request asks dozens
+        # of times (every socket call, every hop to the batcher); at 5 ms, two heavy requests starved one of
+        # "a b c" for 5.1 s in CI (the convoy effect). 1 ms keeps it answered beside them.
+        sys.setswitchinterval(0.001)
         server.run(sockets=[sock])
     finally:
         sock.close()
