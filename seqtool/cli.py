@@ -13,7 +13,8 @@ from typing import Annotated, Optional
 import typer
 
 from .config import DecodeConfig, ModelConfig, OptimConfig, Sampling, SearchOptions, ServeConfig, TokenizerConfig, TrainConfig, TranslateConfig
-from .options import command, options, print_version, split
+from .fields import split
+from .options import command, options, print_version
 
 app = typer.Typer(
     name="seqtool",
@@ -32,7 +33,6 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=print_vers
 
 Force = Annotated[bool, typer.Option("--force", help="Replace existing outputs.")]
 Workers = Annotated[int, typer.Option("--workers", min=1, help="Processes that encode text in parallel.")]
-Errors = Annotated[str, typer.Option("--errors", help="Invalid UTF-8: strict (stop) or replace (U+FFFD, with a warning).")]
 
 
 @command(app, "train-tokenizer")
@@ -63,7 +63,7 @@ def binarize(
     tokenizer: Annotated[Path, typer.Option("--tokenizer", help="sentencepiece .model from train-tokenizer.")],
     out: Annotated[Path, typer.Option("--out", help="Output DATA_DIR.")],
     workers: Workers = 1,
-    errors: Errors = "strict",
+    errors: Annotated[str, typer.Option("--errors", help="Invalid UTF-8: strict (stop) or replace (U+FFFD, with a warning).")] = "strict",
     force: Force = False,
     corpus: Annotated[Optional[list[str]], typer.Option("--corpus", help="SRC-TGT:PREFIX, repeatable: several pairs into one multilingual DATA_DIR (each pair in DATA_DIR/SRC-TGT, target tags after the tokenizer's pieces), for train.")] = None,
     valid_corpus: Annotated[Optional[list[str]], typer.Option("--valid-corpus", help="SRC-TGT:PREFIX, one per --corpus pair: its validation files.")] = None,
@@ -162,7 +162,7 @@ def attention(
     """Draw the attention of one sentence: every head of the encoder, decoder and encoder-decoder attention."""
     from .plot import show_attention
 
-    search, decode, io = split(given, SearchOptions, DecodeConfig, TranslateConfig)
+    search, decode, io, _ = split(given, SearchOptions, DecodeConfig, TranslateConfig)
     show_attention(checkpoint, source, DecodeConfig(precision=precision, **decode), SearchOptions(**search), target=target,
                    output=output, layer=layer, all_layers=all_layers, terminal=terminal, tgt_lang=io.get("tgt_lang", ""))
     if output is not None:

@@ -169,3 +169,13 @@ class _Validated(_Config):
         """A rule across fields: its message names them in backquotes (`beam`) for FieldError."""
         if not condition:
             raise FieldError(template, _options(type(self)))
+
+
+def split(given: dict[str, Any], *classes) -> list[dict[str, Any]]:
+    """`given` (field name -> value) divided among the configs that have each field (the first that
+    has it), and, last, what none of them has."""
+    out: list[dict[str, Any]] = [{} for _ in range(len(classes) + 1)]
+    names = [{f.name for f in fields(cls)} for cls in classes]
+    for key, value in given.items():
+        out[next((k for k, known in enumerate(names) if key in known), len(classes))][key] = value
+    return out

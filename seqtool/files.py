@@ -9,13 +9,13 @@ scores, alignments), a document read whole and written back in its own encoding.
 from __future__ import annotations
 
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO, Union
 
 from . import log, textpolicy
 from .alignment import format_alignment
 from .config import DecodeConfig, SearchOptions, TranslateConfig
+from .fields import split
 from .linereader import LineReader
 from .pipeline import Translation
 from .textio import LockstepLines, open_binary, open_stdin
@@ -43,9 +43,9 @@ def translate_command(checkpoints: list[Path], input: Optional[Path], output: Op
     """`seqtool translate`: the settings given (options.py: field name -> value) over the checkpoint's
     recorded decoding defaults (a student's beam 1), stdin or `input` to stdout or `output` (written
     atomically, never over one of the files it reads)."""
-    mine = {f.name for f in fields(TranslateConfig)}
-    io = TranslateConfig(**{k: v for k, v in given.items() if k in mine})
-    config, options = settings(recorded=recorded_defaults(checkpoints), **{k: v for k, v in given.items() if k not in mine})
+    mine, rest = split(given, TranslateConfig)
+    io = TranslateConfig(**mine)
+    config, options = settings(recorded=recorded_defaults(checkpoints), **rest)
     ensemble_or_one = checkpoints[0] if len(checkpoints) == 1 else checkpoints  # one stays a plain Path
     if output is None:
         translate_file(ensemble_or_one, config, options, io, input)

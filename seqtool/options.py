@@ -14,7 +14,6 @@ a value's metavar by its kind (INT, NUMBER, TEXT, PATH, or the field's own), and
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import types
@@ -160,15 +159,3 @@ def options(scope: str, *classes, toml: bool = True) -> Callable[[Callable], Cal
         command.__annotations__ = {p.name: p.annotation for p in own + made}
         return command
     return wrap
-
-
-def split(given: dict[str, Any], *classes) -> list[dict[str, Any]]:
-    """`given` divided among the configs that have each field (the first that has it)."""
-    out: list[dict[str, Any]] = [{} for _ in classes]
-    names = [{f.name for f in dataclasses.fields(cls)} for cls in classes]
-    for key, value in given.items():
-        for k, known in enumerate(names):
-            if key in known:
-                out[k][key] = value
-                break
-    return out

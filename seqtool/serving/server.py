@@ -12,13 +12,13 @@ from __future__ import annotations
 import importlib.util
 import socket
 import sys
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from .. import log
 from ..config import DecodeConfig, SearchOptions, ServeConfig
 from ..errors import ConfigError, ResourceError
+from ..fields import split
 from .app import create_app, require_fastapi
 
 
@@ -84,10 +84,9 @@ def settings_given(checkpoints: list[Path], given: dict[str, Any]) -> tuple:
     given over --max-beam is refused)."""
     from ..translate import recorded_defaults, settings
 
-    mine = {f.name for f in fields(ServeConfig)}
-    config = ServeConfig(**{k: v for k, v in given.items() if k in mine})
-    decode, options = settings(recorded=within_caps(recorded_defaults(checkpoints), config),
-                               **{k: v for k, v in given.items() if k not in mine})
+    mine, rest = split(given, ServeConfig)
+    config = ServeConfig(**mine)
+    decode, options = settings(recorded=within_caps(recorded_defaults(checkpoints), config), **rest)
     return checkpoints[0] if len(checkpoints) == 1 else checkpoints, decode, options, config
 
 
