@@ -171,8 +171,8 @@ class _Finished:
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, beam: int = 5, max_len_a: float = _OPTIONS.max_len_a, max_len_b: int = _OPTIONS.max_len_b,
-                lenpen: float = 1.0, nbest: int = 1, min_len: int = 1, prefix: Optional[Tensor] = None,
+def beam_search(model, src: Tensor, beam: int = _OPTIONS.beam, max_len_a: float = _OPTIONS.max_len_a, max_len_b: int = _OPTIONS.max_len_b,
+                lenpen: float = _OPTIONS.lenpen, nbest: int = _OPTIONS.nbest, min_len: int = _OPTIONS.min_len, prefix: Optional[Tensor] = None,
                 constraints: Optional[ConstraintState] = None, wanted: Optional[Wanted] = None,
                 max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0,
                 align_layer: Optional[int] = None) -> list[list[Hypothesis]]:

@@ -120,8 +120,8 @@ def _arg_max(lprobs: Tensor, rows: Tensor, step: int) -> Tensor:
 
 
 @torch.no_grad()
-def greedy_search(model, src: Tensor, max_len_a: float = _OPTIONS.max_len_a, max_len_b: int = _OPTIONS.max_len_b, lenpen: float = 1.0,
-                  min_len: int = 1, prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None,
+def greedy_search(model, src: Tensor, max_len_a: float = _OPTIONS.max_len_a, max_len_b: int = _OPTIONS.max_len_b, lenpen: float = _OPTIONS.lenpen,
+                  min_len: int = _OPTIONS.min_len, prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None,
                   max_len: int = 0, no_repeat_ngram_size: int = 0, loop_guard: int = 0,
                   align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """The most probable token at every step (after the prefix (B, P), if given); one hypothesis per sentence."""
@@ -185,8 +185,8 @@ def draw(lprobs: Tensor, u: Tensor, topk: int = 0, topp: float = 1.0, temperatur
 
 
 @torch.no_grad()
-def sample(model, src: Tensor, nbest: int = 1, sampling: Sampling = Sampling(), max_len_a: float = _OPTIONS.max_len_a,
-           max_len_b: int = _OPTIONS.max_len_b, lenpen: float = 1.0, min_len: int = 1, keys: Optional[Tensor] = None,
+def sample(model, src: Tensor, nbest: int = _OPTIONS.nbest, sampling: Sampling = Sampling(), max_len_a: float = _OPTIONS.max_len_a,
+           max_len_b: int = _OPTIONS.max_len_b, lenpen: float = _OPTIONS.lenpen, min_len: int = _OPTIONS.min_len, keys: Optional[Tensor] = None,
            prefix: Optional[Tensor] = None, wanted: Optional[Wanted] = None, max_len: int = 0, no_repeat_ngram_size: int = 0,
            loop_guard: int = 0, align_layer: Optional[int] = None) -> list[list[Hypothesis]]:
     """`nbest` samples per sentence, best score first, each continuing the prefix (B, P) if given.

@@ -15,7 +15,7 @@ from torch import Tensor
 from .config import SearchOptions
 from .kernels import log_softmax_
 
-_OPTIONS = SearchOptions()  # the defaults of the search functions below are its own (one declaration)
+_OPTIONS = SearchOptions()  # the search functions' defaults (search.py, beam.py) are its own: declared once
 
 NEG_INF = float("-inf")
 Wanted = Callable[[], Optional[Tensor]]  # search()'s `wanted`: None (every sentence) or (B,) bool

@@ -22,6 +22,7 @@ import torch
 from . import allocator, ensemble, log, pipeline, precision, textpolicy
 from .alignment import pairs, resolve_layer
 from .errors import ConfigError, InputError
+from .fields import split
 from .config import DecodeConfig, Sampling, SearchOptions
 from .languages import Languages
 from .model import padded
@@ -61,7 +62,7 @@ def settings(config: Optional[DecodeConfig] = None, options: Optional[SearchOpti
     config, options = config or DecodeConfig(), options or SearchOptions()
     if "print_alignment" in changes:
         changes["alignments"] = changes.pop("print_alignment")
-    drawn = {k: changes.pop(k) for k in ("topk", "topp", "temperature", "seed") if k in changes}
+    drawn = {f.name: changes.pop(f.name) for f in fields(Sampling) if f.name in changes}
     sampling = changes.pop("sampling", options.sampling is not None)
     if sampling is True:
         sampling = Sampling(**drawn) if options.sampling is None else options.sampling.replace(**drawn)
@@ -69,13 +70,12 @@ def settings(config: Optional[DecodeConfig] = None, options: Optional[SearchOpti
         if drawn:
             raise ConfigError(f"{', '.join('--' + k for k in drawn)} shape --sampling; add --sampling")
         sampling = None
-    decode_fields = {f.name for f in fields(DecodeConfig)}
-    search_fields = {f.name for f in fields(SearchOptions)}
-    unknown = sorted(set(changes) - decode_fields - search_fields)
+    decode, search, unknown = split(changes, DecodeConfig, SearchOptions)
     if unknown:
-        raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(decode_fields | search_fields))}")
-    config = DecodeConfig.from_dict({**config.to_dict(), **{k: v for k, v in changes.items() if k in decode_fields}})
-    options = options.replace(sampling=sampling, **{k: v for k, v in changes.items() if k in search_fields})
+        known = sorted(f.name for cls in (DecodeConfig, SearchOptions) for f in fields(cls))
+        raise ConfigError(f"unknown setting(s) {', '.join(sorted(unknown))}; known: {', '.join(known)}")
+    config = DecodeConfig.from_dict({**config.to_dict(), **decode})
+    options = options.replace(sampling=sampling, **search)
     return config, options
 
 
